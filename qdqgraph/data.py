@@ -1,0 +1,175 @@
+"""Calibration data: .npz / .npy files or folders of them, checked against the model's inputs.
+
+Layout: one array per model input, named like the input, first axis = samples. A sample is either
+`arr[i]` (the array has one more dimension than the input: the tensor to feed, batch axis included)
+or `arr[i:i+1]` (same rank as the input: the first axis is the batch). Pickled arrays are refused.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .errors import QdqError
+
+META_KEYS = ("__meta__",)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    shape: tuple  # ints for static dims, str or None for dynamic ones
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files if k not in META_KEYS}
+    except ValueError as e:
+        if "pickle" in str(e).lower():
+            raise QdqError(f"{path} holds pickled (object) arrays, which qdqgraph never loads",
+                           "save plain numeric arrays with np.savez") from None
+        raise QdqError(f"{path} is not a readable .npz file ({e})", "write it with np.savez") from None
+    except (OSError, EOFError) as e:
+        raise QdqError(f"{path} is not a readable .npz file ({e})", "write it with np.savez") from None
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise QdqError(f"{path} holds pickled (object) data or is not a .npy file ({e})",
+                       "save plain numeric arrays with np.save") from None
+    except (OSError, EOFError) as e:
+        raise QdqError(f"{path} is not a readable .npy file ({e})", "write it with np.save") from None
+
+
+def read_arrays(source: str | Path | dict, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
+    """Arrays by input name from a file, a folder, or a dict given through the Python API."""
+    if isinstance(source, dict):
+        arrays = {k: np.asarray(v) for k, v in source.items() if k not in META_KEYS}
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise QdqError(f"calibration data not found: {path}", "check the --calib path")
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
+            if not files:
+                raise QdqError(f"{path} holds no .npz or .npy files", "put calibration arrays in it")
+            parts = [read_arrays(p, inputs) for p in files]
+            arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        elif path.suffix == ".npz":
+            arrays = _load_npz(path)
+        elif path.suffix == ".npy":
+            if len(inputs) != 1:
+                raise QdqError(f"{path} is one array but the model has {len(inputs)} inputs "
+                               f"({', '.join(i.name for i in inputs)})", "use an .npz with one array per input name")
+            arrays = {inputs[0].name: _load_npy(path)}
+        else:
+            raise QdqError(f"{path}: calibration data must be .npz, .npy or a folder of them", "convert it with numpy")
+    names = [i.name for i in inputs]
+    missing = [n for n in names if n not in arrays]
+    extra = [k for k in arrays if k not in names]
+    if missing:
+        raise QdqError(f"calibration data has no array for model input(s) {missing} "
+                       f"(found {sorted(arrays)})", "name each array after a model input")
+    if extra:
+        raise QdqError(f"calibration data has array(s) {extra} that are not model inputs "
+                       f"(inputs: {names})", "rename or drop them")
+    return arrays
+
+
+def _sample_view(spec: InputSpec, arr: np.ndarray) -> tuple[bool, int]:
+    """(stacked, n): stacked means arr[i] is a sample; else arr[i:i+1] is."""
+    rank = len(spec.shape) if spec.shape is not None else None
+    if rank is None or arr.ndim == rank + 1:
+        return True, arr.shape[0] if arr.ndim else 1
+    if arr.ndim == rank:
+        return False, arr.shape[0] if rank else 1
+    raise QdqError(f"calibration array '{spec.name}' has shape {list(arr.shape)}; the model input has "
+                   f"rank {rank} (shape {list(spec.shape)})",
+                   f"give shape [samples, {', '.join(str(d) for d in spec.shape)}]")
+
+
+def check_sample(spec: InputSpec, x: np.ndarray) -> None:
+    if x.dtype != spec.dtype:
+        raise QdqError(f"calibration array '{spec.name}' is {x.dtype}; the model input wants {spec.dtype}",
+                       f"convert it with .astype(np.{spec.dtype.name})")
+    if spec.shape is not None:
+        if x.ndim != len(spec.shape):
+            raise QdqError(f"calibration sample for '{spec.name}' has shape {list(x.shape)}; "
+                           f"the model input is {list(spec.shape)}", "fix the array's shape")
+        for got, want in zip(x.shape, spec.shape):
+            if isinstance(want, int) and want >= 0 and got != want:
+                raise QdqError(f"calibration sample for '{spec.name}' has shape {list(x.shape)}; "
+                               f"the model input is {list(spec.shape)}", "fix the array's shape")
+    if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
+        raise QdqError(f"calibration data for '{spec.name}' contains NaN or Inf",
+                       "clean the data: calibration needs finite inputs")
+
+
+class CalibrationData:
+    """Validated samples, batched for onnxruntime."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], inputs: list[InputSpec], samples: int | None = None):
+        self.inputs = inputs
+        self.arrays = arrays
+        views = {s.name: _sample_view(s, arrays[s.name]) for s in inputs}
+        counts = {name: n for name, (_, n) in views.items()}
+        if len(set(counts.values())) != 1:
+            raise QdqError(f"calibration arrays hold different numbers of samples: {counts}",
+                           "give every input the same number of samples")
+        self.views = views
+        n = next(iter(counts.values()))
+        self.count = min(n, samples) if samples else n
+        if self.count == 0:
+            raise QdqError("calibration data holds no samples", "give at least one sample")
+
+    def sample(self, i: int) -> dict[str, np.ndarray]:
+        out = {}
+        for spec in self.inputs:
+            arr = self.arrays[spec.name]
+            stacked, _ = self.views[spec.name]
+            x = arr[i] if stacked else arr[i:i + 1] if arr.ndim else arr
+            x = np.ascontiguousarray(x)
+            check_sample(spec, x)
+            out[spec.name] = x
+        return out
+
+    def batchable(self) -> bool:
+        """Samples can be concatenated on axis 0 when every input's first dim is dynamic."""
+        return all(s.shape and not (isinstance(s.shape[0], int) and s.shape[0] > 0) for s in self.inputs)
+
+    def batches(self, batch_size: int = 1) -> Iterator[dict[str, np.ndarray]]:
+        if batch_size <= 1 or not self.batchable():
+            for i in range(self.count):
+                yield self.sample(i)
+            return
+        for start in range(0, self.count, batch_size):
+            group = [self.sample(i) for i in range(start, min(start + batch_size, self.count))]
+            try:
+                yield {k: np.concatenate([g[k] for g in group]) for k in group[0]}
+            except ValueError:  # samples of different shapes: feed them one by one
+                yield from group
+
+
+def random_data(inputs: list[InputSpec], samples: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random samples for `--calib random` (dynamic dims set to 1); scales from these say nothing
+    about accuracy."""
+    warnings.warn("calibrating on random data: the scales say nothing about accuracy on real inputs",
+                  stacklevel=2)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for s in inputs:
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in (s.shape or ())]
+        if np.issubdtype(s.dtype, np.floating):
+            out[s.name] = rng.standard_normal([samples, *shape]).astype(s.dtype)
+        elif s.dtype == np.bool_:
+            out[s.name] = rng.integers(0, 2, [samples, *shape]).astype(bool)
+        else:
+            out[s.name] = rng.integers(0, 2, [samples, *shape]).astype(s.dtype)
+    return out

@@ -1,0 +1,20 @@
+"""Errors that qdqgraph reports to its users.
+
+A `QdqError` is the user's problem (bad input, bad usage): the CLI prints its one-line message
+and exits 2, with no traceback unless `--debug`. Any other exception is a bug in qdqgraph: the
+CLI prints one line that says so and exits 1.
+"""
+from __future__ import annotations
+
+
+class QdqError(Exception):
+    """A problem with the user's input or request, with the fix in the message."""
+
+    def __init__(self, problem: str, fix: str | None = None):
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem}; {fix}" if fix else problem)
+
+
+class InvariantError(AssertionError):
+    """qdqgraph produced a model that breaks one of its own Q/DQ invariants (a bug)."""

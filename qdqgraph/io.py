@@ -1,0 +1,273 @@
+"""The one module that touches ONNX protobufs: load, save (atomic), shape inference, checker.
+
+Everything else works on onnx-graphsurgeon graphs. `load` gives a `Loaded` (the graph plus what
+of the original ModelProto must survive a rewrite: metadata, IR version, producer); `save` writes
+a graph back, with external data when the model is too large for one protobuf.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from .errors import QdqError
+
+# A protobuf cannot exceed 2 GiB; above this many bytes of tensors a model is written with its
+# tensors in a side file. A module constant so that tests can lower it.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+# Opset needed for per-channel QuantizeLinear/DequantizeLinear (the `axis` attribute).
+MIN_OPSET = 13
+# Node metadata key that records which rule placed a Q/DQ node.
+RULE_KEY = "qdqgraph.rule"
+
+
+@dataclass
+class Loaded:
+    """A model as qdqgraph works on it: a graph, and the model-level fields to keep."""
+
+    graph: gs.Graph
+    path: Path | None = None
+    ir_version: int = 8
+    producer_name: str = ""
+    producer_version: str = ""
+    doc_string: str = ""
+    metadata_props: dict[str, str] = field(default_factory=dict)
+    opset_raised_from: int | None = None
+
+
+def _onnx_opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    return 0
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    """Bytes held in the model's initializers and Constant nodes (top-level graph)."""
+    total = 0
+    for t in model.graph.initializer:
+        total += len(t.raw_data) if t.HasField("raw_data") else np.prod(t.dims, dtype=np.int64) * 4
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    total += len(a.t.raw_data)
+    return int(total)
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read an ONNX file with its external data, or raise a QdqError that says what is wrong."""
+    p = Path(path)
+    if not p.exists():
+        raise QdqError(f"model file not found: {p}", "check the path")
+    if p.is_dir():
+        raise QdqError(f"{p} is a folder, not an ONNX file", "pass the .onnx file inside it")
+    try:
+        model = onnx.load(str(p), load_external_data=True)
+    except Exception as e:  # protobuf raises DecodeError, onnx raises ValidationError or OSError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QdqError(f"{p} is not a readable ONNX model ({first})",
+                       "pass a .onnx file exported by your framework (it may be truncated or corrupt)") from e
+    if not model.graph.node:
+        raise QdqError(f"{p} holds no graph nodes: it is not an ONNX model, or it is empty",
+                       "pass a .onnx file exported by your framework")
+    return model
+
+
+def raise_opset(model: onnx.ModelProto, minimum: int = MIN_OPSET) -> tuple[onnx.ModelProto, int | None]:
+    """Convert the model to at least `minimum` (per-channel Q/DQ needs 13). Returns (model, old opset or None)."""
+    old = _onnx_opset(model)
+    if old >= minimum:
+        return model, None
+    from onnx import version_converter
+    try:
+        converted = version_converter.convert_version(model, minimum)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QdqError(f"the model's opset {old} could not be raised to {minimum}, which per-channel Q/DQ needs ({first})",
+                       f"re-export the model at opset {minimum} or newer") from e
+    return converted, old
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX shape inference that keeps symbolic dims; a model it cannot handle is returned as is."""
+    try:
+        if model.ByteSize() < EXTERNAL_DATA_THRESHOLD:
+            return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        pass
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = Path(d) / "in.onnx", Path(d) / "out.onnx"
+        onnx.save(model, str(src), save_as_external_data=True, location="in.data")
+        try:
+            onnx.shape_inference.infer_shapes_path(str(src), str(dst), strict_mode=False, data_prop=True)
+        except Exception:
+            return model
+        return onnx.load(str(dst))
+
+
+def load(path_or_model: str | os.PathLike | onnx.ModelProto) -> Loaded:
+    """Load a model (path or ModelProto) into a graphsurgeon graph, opset raised to 13, shapes inferred."""
+    if isinstance(path_or_model, onnx.ModelProto):
+        model, path = path_or_model, None
+    else:
+        path = Path(path_or_model)
+        model = read_model(path)
+    model, raised = raise_opset(model)
+    model = infer_shapes(model)
+    try:
+        graph = gs.import_onnx(model)
+    except Exception as e:
+        raise QdqError(f"the model could not be read as a graph ({str(e).splitlines()[0]})",
+                       "check it with onnx.checker.check_model") from e
+    return Loaded(graph=graph, path=path, ir_version=model.ir_version,
+                  producer_name=model.producer_name, producer_version=model.producer_version,
+                  doc_string=model.doc_string,
+                  metadata_props={p.key: p.value for p in model.metadata_props},
+                  opset_raised_from=raised)
+
+
+def to_model(loaded: Loaded, provenance: dict[str, str] | None = None) -> onnx.ModelProto:
+    """Export the graph back to a ModelProto, keeping model-level fields and stamping rule ids."""
+    graph = loaded.graph
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    model = gs.export_onnx(graph, do_type_check=True)
+    model.ir_version = max(loaded.ir_version, 7)
+    model.producer_name = loaded.producer_name or "qdqgraph"
+    model.producer_version = loaded.producer_version
+    model.doc_string = loaded.doc_string
+    del model.metadata_props[:]
+    for k, v in loaded.metadata_props.items():
+        p = model.metadata_props.add()
+        p.key, p.value = k, v
+    if provenance:
+        for node in model.graph.node:
+            rule = provenance.get(node.name)
+            if rule:
+                p = node.metadata_props.add()
+                p.key, p.value = RULE_KEY, rule
+    return model
+
+
+def check(model: onnx.ModelProto) -> None:
+    """onnx.checker with full_check; large models are checked from a temporary file."""
+    if tensor_bytes(model) < EXTERNAL_DATA_THRESHOLD:
+        onnx.checker.check_model(model, full_check=True)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "m.onnx"
+        onnx.save(model, str(p), save_as_external_data=True, location="m.data")
+        onnx.checker.check_model(str(p), full_check=True)
+
+
+@contextlib.contextmanager
+def _atomic_paths(final: Path, count: int):
+    """Yield `count` temporary paths in `final`'s folder; remove them all unless the block succeeds."""
+    temps = []
+    try:
+        for _ in range(count):
+            fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+            os.close(fd)
+            temps.append(Path(name))
+        yield temps
+    except BaseException:
+        for t in temps:
+            with contextlib.suppress(OSError):
+                t.unlink()
+        raise
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> list[Path]:
+    """Write `model` to `path` atomically; returns the files written.
+
+    The model goes to a temporary file beside the target and is renamed into place, so a failed or
+    interrupted write leaves nothing half-written. Models whose tensors exceed
+    EXTERNAL_DATA_THRESHOLD are written with external data in `<name>.data`. Paths in `protect`
+    (the input model and its data) are never overwritten.
+    """
+    final = Path(path)
+    resolved = final.resolve()
+    for p in protect:
+        if p is not None and Path(p).resolve() == resolved:
+            raise QdqError(f"refusing to overwrite the input model {final}", "choose another output with -o")
+    if not final.parent.exists():
+        raise QdqError(f"output folder {final.parent} does not exist", "create it or choose another output with -o")
+    if not os.access(final.parent, os.W_OK):
+        raise QdqError(f"output folder {final.parent} is not writable", "choose another output with -o")
+    external = tensor_bytes(model) >= EXTERNAL_DATA_THRESHOLD
+    data_final = final.with_name(final.name + ".data")
+    if external:
+        for p in protect:
+            if p is not None and Path(p).resolve() == data_final.resolve():
+                raise QdqError(f"refusing to overwrite the input's external data {data_final}",
+                               "choose another output with -o")
+    try:
+        with _atomic_paths(final, 2 if external else 1) as temps:
+            if external:
+                tmp_model, tmp_data = temps
+                # onnx writes the data file next to the model, under `location`; write it under the
+                # temporary name, then point the model at the final name before the rename.
+                onnx.save(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
+                          location=tmp_data.name, size_threshold=1024)
+                relocated = onnx.load(str(tmp_model), load_external_data=False)
+                for t in _external_tensors(relocated):
+                    for e in t.external_data:
+                        if e.key == "location":
+                            e.value = data_final.name
+                onnx.save(relocated, str(tmp_model))
+                _fsync(tmp_data)
+                _fsync(tmp_model)
+                os.replace(tmp_data, data_final)
+                os.replace(tmp_model, final)
+                return [final, data_final]
+            (tmp_model,) = temps
+            onnx.save(model, str(tmp_model))
+            _fsync(tmp_model)
+            os.replace(tmp_model, final)
+            return [final]
+    except OSError as e:
+        raise QdqError(f"could not write {final} ({e.strerror or e})",
+                       "free disk space or choose another output with -o") from e
+
+
+def _external_tensors(model: onnx.ModelProto):
+    from onnx.external_data_helper import _get_all_tensors
+    for t in _get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            yield t
+
+
+def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of `model` whose graph also outputs the float tensors `names` (for calibration)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    present = {o.name for o in m.graph.output}
+    for name in names:
+        if name not in present:
+            m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return m
+
+
+def session_bytes(model: onnx.ModelProto) -> bytes | None:
+    """Serialized model for onnxruntime, or None when it must go through a file (too large)."""
+    if tensor_bytes(model) < EXTERNAL_DATA_THRESHOLD:
+        return model.SerializeToString()
+    return None
+
+
+def save_temp(model: onnx.ModelProto, folder: str) -> str:
+    """Write a (large) model with external data into `folder` for onnxruntime; returns its path."""
+    p = Path(folder) / "model.onnx"
+    onnx.save(model, str(p), save_as_external_data=True, location="model.data")
+    return str(p)

@@ -1,0 +1,62 @@
+"""The op vocabulary: op classes read from rules/op_classes.toml.
+
+This is the one place where ONNX op-type strings are compared. Other modules ask
+`vocab.is_(node, "conv")` or refer to the ONNX op types that qdqgraph itself creates through the
+constants below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .rules_files import read_toml, rules_dir
+
+# Op types qdqgraph writes.
+QUANTIZE = "QuantizeLinear"
+DEQUANTIZE = "DequantizeLinear"
+
+
+@dataclass(frozen=True)
+class OpClass:
+    name: str
+    ops: frozenset[str]
+    doc: str
+    ref: str
+
+
+class Vocabulary:
+    """Op classes by name; `is_(node_or_op, cls)` is the only op-type comparison in qdqgraph."""
+
+    def __init__(self, classes: dict[str, OpClass]):
+        self.classes = classes
+
+    def is_(self, node_or_op, cls: str) -> bool:
+        op = node_or_op if isinstance(node_or_op, str) else node_or_op.op
+        try:
+            return op in self.classes[cls].ops
+        except KeyError:
+            raise KeyError(f"unknown op class {cls!r}; classes are in rules/op_classes.toml") from None
+
+    def known(self, cls: str) -> bool:
+        return cls in self.classes
+
+    def ops_of(self, cls: str) -> frozenset[str]:
+        return self.classes[cls].ops
+
+
+def parse_vocabulary(data: dict, source: str) -> Vocabulary:
+    if data.get("schema") != 1:
+        raise ValueError(f"{source}: expected `schema = 1`")
+    classes = {}
+    for name, body in data.get("class", {}).items():
+        missing = [k for k in ("ops", "doc", "ref") if k not in body]
+        if missing:
+            raise ValueError(f"{source}: op class {name!r} lacks {', '.join(missing)}")
+        classes[name] = OpClass(name, frozenset(body["ops"]), body["doc"], body["ref"])
+    return Vocabulary(classes)
+
+
+@lru_cache(maxsize=1)
+def vocabulary() -> Vocabulary:
+    path = rules_dir() / "op_classes.toml"
+    return parse_vocabulary(read_toml(path), str(path))

@@ -1,0 +1,107 @@
+"""Fold BatchNormalization into the preceding Conv, ConvTranspose or Gemm.
+
+y = gamma * (x - mean) / sqrt(var + eps) + beta is an affine map per output channel, so it folds
+into the weighted op's weights and bias; per-channel weight scales then see the real weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..view import GraphView
+
+
+@dataclass
+class BatchNormResult:
+    folded: list[str] = field(default_factory=list)
+    kept: list[tuple[str, str]] = field(default_factory=list)  # (BN node, why it stayed)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.folded)
+
+
+def _bn_params(view, bn):
+    vals = [view.constant_value(t) if t.name else None for t in bn.inputs[1:5]]
+    if any(v is None for v in vals):
+        return None
+    eps = float(bn.attrs.get("epsilon", 1e-5))
+    gamma, beta, mean, var = (v.astype(np.float64) for v in vals)
+    scale = gamma / np.sqrt(var + eps)
+    return scale, beta - mean * scale
+
+
+def _why_not(view: GraphView, bn: gs.Node):
+    if len([o for o in bn.outputs if o.name]) > 1 or bn.attrs.get("training_mode", 0):
+        return None, "training mode (more than one output)"
+    x = bn.inputs[0]
+    prod = view.producer(x)
+    if prod is None or not (view.vocab.is_(prod, "conv") or view.vocab.is_(prod, "gemm")):
+        return None, f"its input comes from {prod.op if prod else 'a graph input'}, not a Conv, ConvTranspose or Gemm"
+    if len(view.consumers(x)) != 1 or view.is_graph_output(x) or view.used_in_subgraph(x):
+        return None, f"the output of {prod.name or prod.op} has other consumers"
+    if len(prod.inputs) < 2 or view.constant_value(prod.inputs[1]) is None:
+        return None, f"the weight of {prod.name or prod.op} is not a constant"
+    if len(prod.inputs) > 2 and prod.inputs[2].name and view.constant_value(prod.inputs[2]) is None:
+        return None, f"the bias of {prod.name or prod.op} is not a constant"
+    if _bn_params(view, bn) is None:
+        return None, "its scale, bias, mean or variance is not a constant"
+    if view.vocab.is_(prod, "gemm") and (prod.attrs.get("transA", 0) or len(view.shape(x) or (0, 0)) != 2):
+        return None, "Gemm with transA or a non-2-D output"
+    return prod, ""
+
+
+def _fold_weights(view, op, w, b, scale, shift):
+    """Return (W', b') for the weighted op after the per-output-channel affine map."""
+    if view.vocab.is_(op, "gemm"):
+        alpha, beta_ = float(op.attrs.get("alpha", 1.0)), float(op.attrs.get("beta", 1.0))
+        w = w * alpha * (scale[:, None] if op.attrs.get("transB", 0) else scale[None, :])
+        b = np.broadcast_to(b * beta_, scale.shape) if b is not None else 0.0
+        return w, b * scale + shift
+    if op.op == "ConvTranspose":
+        g = int(op.attrs.get("group", 1))
+        cin, kg = w.shape[0], w.shape[1]
+        s = scale.reshape(g, 1, kg, *([1] * (w.ndim - 2)))
+        w = (w.reshape(g, cin // g, kg, *w.shape[2:]) * s).reshape(w.shape)
+    else:
+        w = w * scale.reshape(-1, *([1] * (w.ndim - 1)))
+    b = b if b is not None else 0.0
+    return w, b * scale + shift
+
+
+def fold_batchnorm(graph: gs.Graph) -> BatchNormResult:
+    """Fold every BatchNormalization that directly follows a Conv/ConvTranspose/Gemm whose output it
+    alone uses. Modifies `graph`; BNs that cannot be folded stay, each with the reason."""
+    result = BatchNormResult()
+    graph.toposort()
+    view = GraphView(graph)
+    for bn in [n for n in view.nodes if view.vocab.is_(n, "batchnorm")]:
+        op, why = _why_not(view, bn)
+        if op is None:
+            result.kept.append((bn.name, why))
+            continue
+        scale, shift = _bn_params(view, bn)
+        w_t = op.inputs[1]
+        w = view.constant_value(w_t)
+        b_t = op.inputs[2] if len(op.inputs) > 2 and op.inputs[2].name else None
+        b = view.constant_value(b_t).astype(np.float64) if b_t is not None else None
+        new_w, new_b = _fold_weights(view, op, w.astype(np.float64), b, scale, shift)
+        base = op.name or op.outputs[0].name
+        op.inputs[1] = gs.Constant(f"{base}_weight_bnfolded", new_w.astype(w.dtype))
+        bias = gs.Constant(f"{base}_bias_bnfolded", np.asarray(new_b, dtype=w.dtype).reshape(-1))
+        if len(op.inputs) > 2:
+            op.inputs[2] = bias
+        else:
+            op.inputs.append(bias)
+        if view.vocab.is_(op, "gemm"):
+            op.attrs["alpha"] = 1.0
+            op.attrs["beta"] = 1.0
+        # the weighted op now writes the BN's output tensor; the BN is left dangling for cleanup
+        out = bn.outputs[0]
+        bn.outputs.clear()
+        op.outputs[0] = out
+        result.folded.append(bn.name)
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    return result

@@ -1,0 +1,51 @@
+"""Q/DQ invariants that every qdqgraph output must keep, and that `report` lints in any model."""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..ops import DEQUANTIZE, QUANTIZE
+from ..view import GraphView
+
+
+def qdq_violations(graph: gs.Graph) -> list[str]:
+    """One line per broken invariant (empty when the graph is sound):
+    scales constant, finite and > 0; zero points int8 and all 0; per-channel scales with an
+    explicit axis whose length matches; Q only on float tensors, DQ only of int8; no quantized bias."""
+    view = GraphView(graph)
+    out = []
+    for n in view.nodes:
+        if n.op not in (QUANTIZE, DEQUANTIZE):
+            continue
+        where = f"{n.op} {n.name}"
+        s = view.constant_value(n.inputs[1]) if len(n.inputs) > 1 else None
+        if s is None:
+            out.append(f"{where}: scale is not a constant")
+            continue
+        if not np.all(np.isfinite(s)) or not np.all(s > 0):
+            out.append(f"{where}: scale has a value that is not finite and > 0")
+        if len(n.inputs) > 2 and n.inputs[2].name:
+            z = view.constant_value(n.inputs[2])
+            if z is None or z.dtype != np.int8:
+                out.append(f"{where}: zero point is not an int8 constant")
+            elif np.any(z != 0):
+                out.append(f"{where}: zero point is not 0 (TensorRT is symmetric only)")
+        x = n.inputs[0]
+        rank = len(view.shape(x) or ()) or None
+        if s.ndim == 1 and s.size > 1:
+            if "axis" not in n.attrs:
+                out.append(f"{where}: per-channel scale without an explicit axis (TensorRT would use axis 0)")
+            else:
+                shape = view.shape(x)
+                ax = n.attrs["axis"]
+                if shape and rank and isinstance(shape[ax % rank], int) and shape[ax % rank] != s.size:
+                    out.append(f"{where}: {s.size} scales for axis {ax} of size {shape[ax % rank]}")
+        if n.op == QUANTIZE and view.dtype(x) is not None and not view.is_float(x):
+            out.append(f"{where}: quantizes a non-float tensor {x.name}")
+        if n.op == DEQUANTIZE and view.dtype(x) is not None and np.dtype(view.dtype(x)) != np.int8:
+            out.append(f"{where}: dequantizes {np.dtype(view.dtype(x)).name}, not int8")
+        if n.op == DEQUANTIZE:
+            for c, i in view.consumers(n.outputs[0]):
+                if (view.vocab.is_(c, "conv") or view.vocab.is_(c, "gemm")) and i == 2:
+                    out.append(f"{where}: quantizes the bias of {c.name} (TensorRT quantizes bias itself)")
+    return out

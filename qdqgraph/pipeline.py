@@ -1,0 +1,170 @@
+"""`quantize`: the Python API that composes the stages (load, clean, plan, calibrate, insert, check)."""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from . import io
+from .calib.collect import collect
+from .data import CalibrationData, InputSpec, random_data, read_arrays
+from .errors import InvariantError, QdqError
+from .passes.batchnorm import fold_batchnorm
+from .passes.check import qdq_violations
+from .passes.constants import fold_constants
+from .passes.insert import WEIGHT_FORMATS, insert_qdq
+from .placement import Plan, Selection, plan_placement
+from .report import InsertReport
+from .rules import load_ruleset
+from .view import GraphView
+
+METHODS = ("max", "entropy", "percentile", "mse")
+
+
+@dataclass
+class Result:
+    model: onnx.ModelProto
+    plan: Plan
+    report: InsertReport
+
+
+def model_inputs(graph) -> list[InputSpec]:
+    specs = []
+    for t in graph.inputs:
+        if t.dtype is None:
+            raise QdqError(f"model input '{t.name}' has no declared type", "re-export the model with typed inputs")
+        shape = tuple(t.shape) if t.shape is not None else None
+        specs.append(InputSpec(t.name, np.dtype(t.dtype), shape))
+    return specs
+
+
+def refuse_quantized(loaded: io.Loaded) -> None:
+    view = GraphView(loaded.graph)
+    found = sorted({n.op for n in view.nodes if view.vocab.is_(n, "quant")})
+    if found:
+        raise QdqError(f"the model already holds quantization ({', '.join(found)})",
+                       "give qdqgraph the float model it came from (or inspect this one with `qdqgraph report`)")
+
+
+def clean(loaded: io.Loaded, report: InsertReport | None = None) -> io.Loaded:
+    """Fold constants and BatchNormalization in place; record what changed in `report`."""
+    folded = fold_constants(loaded.graph)
+    bn = fold_batchnorm(loaded.graph)
+    if report is not None:
+        report.constants_folded = folded.folded
+        report.batchnorm_folded = len(bn.folded)
+        report.batchnorm_kept = [{"node": n, "reason": r} for n, r in bn.kept]
+        report.opset_raised_from = loaded.opset_raised_from
+    return loaded
+
+
+def _amax_from_states(states: dict, method: str, percentile: float) -> dict[str, float]:
+    if method == "max":
+        return {k: float(s.amax) for k, s in states.items()}
+    from .calib.methods import compute_amax
+    return {k: float(compute_amax(s, method, percentile=percentile)) for k, s in states.items()}
+
+
+def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = "max", batch_size: int = 1,
+              samples: int | None = None, providers: list[str] | None = None, percentile: float = 99.99,
+              report: InsertReport | None = None, progress=None) -> dict[str, float]:
+    """amax per scale group of `plan`, from calibration data (path, dict of arrays, or "random")."""
+    groups = plan.groups()
+    if not groups:
+        return {}
+    inputs = model_inputs(loaded.graph)
+    if isinstance(calib, str) and calib == "random":
+        arrays = random_data(inputs)
+        if report is not None:
+            report.warnings.append("calibrated on random data: the scales say nothing about accuracy")
+    else:
+        arrays = read_arrays(calib, inputs)
+    data = CalibrationData(arrays, inputs, samples)
+    float_model = io.to_model(_copy_loaded(loaded))
+    got = collect(float_model, groups, data, method=method, batch_size=batch_size, providers=providers,
+                  progress=progress)
+    if report is not None:
+        report.samples = got.samples
+        report.calibration_seconds = got.seconds
+        report.method = method
+    return _amax_from_states(got.states, method, percentile)
+
+
+def _copy_loaded(loaded: io.Loaded) -> io.Loaded:
+    c = copy.copy(loaded)
+    c.graph = loaded.graph.copy()
+    return c
+
+
+def _amax_from_cache(plan: Plan, path) -> dict[str, float]:
+    from .calib.cache import load_cache
+    table = load_cache(path)
+    out = {}
+    for rep, members in plan.groups().items():
+        found = [table[t] for t in members if t in table]
+        if not found:
+            raise QdqError(f"calibration cache {path} has no range for tensor '{rep}'",
+                           "recalibrate, or pass a cache made for this model")
+        out[rep] = max(found)
+    return out
+
+
+def quantize(model, calib=None, *, method: str = "max", rules=(), exclude_ops=(), exclude_nodes=(),
+             include_nodes=(), weights: str = "int8", batch_size: int = 1, samples: int | None = None,
+             providers: list[str] | None = None, percentile: float = 99.99, calib_cache=None,
+             progress=None) -> Result:
+    """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
+
+    `calib` is a .npz/.npy path, a folder of them, a dict {input name: array (samples first)}, or
+    "random"; `calib_cache` (a qdqgraph JSON or TensorRT calibration cache) replaces it.
+    """
+    if method not in METHODS:
+        raise QdqError(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
+    if weights not in WEIGHT_FORMATS:
+        raise QdqError(f"unknown weight format {weights!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
+    if calib is None and calib_cache is None:
+        raise QdqError("no calibration data given",
+                       "pass --calib DATA.npz (or --calib random to insert Q/DQ with meaningless scales)")
+    report = InsertReport(input=str(model) if isinstance(model, (str, os.PathLike)) else None, method=method)
+    loaded = io.load(model)
+    refuse_quantized(loaded)
+    clean(loaded, report)
+    ruleset = load_ruleset(rules)
+    plan = plan_placement(loaded.graph, ruleset, Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes)))
+    _refuse_unsupported_dtypes(loaded, plan)
+    if calib_cache is not None:
+        amax = _amax_from_cache(plan, calib_cache)
+    else:
+        amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress)
+    inserted = insert_qdq(loaded.graph, plan, amax, weights=weights)
+    report.fill_from_plan(plan, amax)
+    for t in inserted.zero_range:
+        report.warnings.append(f"tensor '{t}' was zero over all calibration samples; it got the safe scale "
+                               f"(see README: zero-range tensors)")
+    out = io.to_model(loaded, inserted.provenance)
+    violations = qdq_violations(loaded.graph)
+    if violations:
+        raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
+    try:
+        io.check(out)
+    except onnx.checker.ValidationError as e:
+        raise InvariantError(f"the quantized model fails the ONNX checker: {str(e).splitlines()[0]}") from e
+    return Result(out, plan, report)
+
+
+def _refuse_unsupported_dtypes(loaded: io.Loaded, plan: Plan) -> None:
+    view = GraphView(loaded.graph)
+    for s in plan.activation_sites():
+        dt = view.dtype(view.tensors[s.tensor])
+        if np.dtype(dt) != np.float32:
+            raise QdqError(f"tensor '{s.tensor}' is {np.dtype(dt).name}; qdqgraph quantizes float32 models",
+                           "export the model in float32 (FP16 islands are made after quantization)")
+
+
+def default_output(path: str | Path) -> Path:
+    p = Path(path)
+    return p.with_name(p.name[:-5] + ".qdq.onnx" if p.name.endswith(".onnx") else p.name + ".qdq.onnx")

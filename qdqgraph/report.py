@@ -1,0 +1,79 @@
+"""What an `insert` run did, as data (JSON) and as the summary the CLI prints."""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+from .placement import Plan
+
+
+@dataclass
+class InsertReport:
+    input: str | None = None
+    output: str | None = None
+    method: str = "max"
+    samples: int = 0
+    calibration_seconds: float = 0.0
+    opset_raised_from: int | None = None
+    constants_folded: int = 0
+    batchnorm_folded: int = 0
+    batchnorm_kept: list[dict] = field(default_factory=list)
+    activation_sites: int = 0
+    weight_sites: int = 0
+    ops: dict[str, dict[str, int]] = field(default_factory=dict)
+    skipped: list[dict] = field(default_factory=list)
+    sites: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def fill_from_plan(self, plan: Plan, amax: dict[str, float] | None = None) -> None:
+        counts: dict[str, Counter] = defaultdict(Counter)
+        for d in plan.decisions.values():
+            counts[d.op]["quantized" if d.quantized else "skipped"] += 1
+            if not d.quantized:
+                self.skipped.append({"node": d.node, "op": d.op, "rule": d.rule, "reason": d.reason})
+        self.ops = {op: {"quantized": c["quantized"], "skipped": c["skipped"]} for op, c in sorted(counts.items())}
+        self.activation_sites = len(plan.activation_sites())
+        self.weight_sites = len(plan.weight_sites())
+        for s in sorted(plan.sites.values(), key=lambda s: s.tensor):
+            entry = {"tensor": s.tensor, "kind": s.kind, "rule": s.rule, "consumers": [e[0] for e in s.edges]}
+            if s.kind == "weight":
+                entry["axis"] = s.axis
+            elif amax is not None:
+                entry["amax"] = amax.get(s.group or s.tensor)
+                if s.group and s.group != s.tensor:
+                    entry["shares_scale_with"] = s.group
+            self.sites.append(entry)
+        self.warnings.extend(plan.notes)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, default=float)
+
+    def summary(self, max_examples: int = 3) -> str:
+        lines = []
+        if self.opset_raised_from:
+            lines.append(f"opset raised from {self.opset_raised_from} to 13 (per-channel Q/DQ needs it)")
+        lines.append(f"cleaned: {self.constants_folded} constant nodes folded, "
+                     f"{self.batchnorm_folded} BatchNormalization folded, {len(self.batchnorm_kept)} kept")
+        for bn in self.batchnorm_kept[:max_examples]:
+            lines.append(f"  kept {bn['node']}: {bn['reason']}")
+        if self.samples:
+            lines.append(f"calibrated: {self.method} over {self.samples} samples in {self.calibration_seconds:.1f} s")
+        lines.append(f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ")
+        width = max([len(op) for op in self.ops] + [7])
+        lines.append(f"  {'op':<{width}}  quantized  skipped")
+        for op, c in self.ops.items():
+            lines.append(f"  {op:<{width}}  {c['quantized']:>9}  {c['skipped']:>7}")
+        by_rule: dict[tuple, list[str]] = defaultdict(list)
+        for s in self.skipped:
+            by_rule[(s["op"], s["rule"], s["reason"] if s["rule"] != "user-exclude" else s["reason"])].append(s["node"])
+        if by_rule:
+            lines.append("skipped (op, rule: reason):")
+            for (op, rule, reason), nodes in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+                ex = ", ".join(nodes[:max_examples]) + (f", ... ({len(nodes)} in all)" if len(nodes) > max_examples else "")
+                lines.append(f"  {op} {rule}: {reason}  [{ex}]")
+        for w in self.warnings:
+            lines.append(f"warning: {w}")
+        if self.output:
+            lines.append(f"wrote {self.output}")
+        return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""Read-only indexes over a graphsurgeon graph: producers, consumers, constants, dtypes, integer paths.
+
+Placement and the invariant checks ask questions of a `GraphView`; nothing here mutates the graph.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from .ops import Vocabulary, vocabulary
+
+
+def is_float_dtype(dtype) -> bool:
+    if dtype is None:
+        return False
+    try:
+        return np.issubdtype(np.dtype(dtype), np.floating)
+    except TypeError:
+        return False  # onnx-only dtypes (bfloat16, float8) have no numpy dtype: not quantized here
+
+
+class GraphView:
+    def __init__(self, graph: gs.Graph, vocab: Vocabulary | None = None):
+        self.graph = graph
+        self.vocab = vocab or vocabulary()
+        self.nodes = list(graph.nodes)
+        self.tensors = graph.tensors()
+        self.outputs = {t.name for t in graph.outputs}
+        self.inputs = {t.name for t in graph.inputs}
+
+    # ------------------------------------------------------------------ structure
+
+    def consumers(self, tensor: gs.Tensor) -> list[tuple[gs.Node, int]]:
+        """(node, input index) for every use of the tensor in the top-level graph."""
+        out = []
+        for n in tensor.outputs:
+            for i, t in enumerate(n.inputs):
+                if t is tensor:
+                    out.append((n, i))
+        return out
+
+    def producer(self, tensor: gs.Tensor) -> gs.Node | None:
+        return tensor.inputs[0] if tensor.inputs else None
+
+    def is_graph_output(self, tensor: gs.Tensor) -> bool:
+        return tensor.name in self.outputs
+
+    def used_in_subgraph(self, tensor: gs.Tensor) -> bool:
+        return tensor.name in self._subgraph_uses
+
+    @cached_property
+    def _subgraph_uses(self) -> set[str]:
+        """Names of outer tensors that If/Loop/Scan bodies read implicitly."""
+        names = set()
+        for n in self.nodes:
+            for sub in n.subgraphs():
+                for t in sub.tensors().values():
+                    if not t.inputs and not isinstance(t, gs.Constant):
+                        names.add(t.name)
+        return names
+
+    # ------------------------------------------------------------------ values and types
+
+    def constant_value(self, tensor: gs.Tensor) -> np.ndarray | None:
+        """The value of a constant tensor (initializer or Constant node output), else None."""
+        if isinstance(tensor, gs.Constant):
+            return tensor.values
+        p = self.producer(tensor)
+        if p is not None and p.op == "Constant" and "value" in p.attrs and isinstance(p.attrs["value"], gs.Constant):
+            return p.attrs["value"].values
+        return None
+
+    def is_constant(self, tensor: gs.Tensor) -> bool:
+        return self.constant_value(tensor) is not None
+
+    def dtype(self, tensor: gs.Tensor):
+        return self._dtypes.get(tensor.name)
+
+    @cached_property
+    def _dtypes(self) -> dict:
+        """Declared dtypes, filled in where shape inference left gaps by following same-type ops."""
+        d = {}
+        for name, t in self.tensors.items():
+            if isinstance(t, gs.Constant):
+                d[name] = t.values.dtype
+            elif t.dtype is not None:
+                d[name] = t.dtype
+        for n in self.nodes:  # toposorted: inputs are known before outputs
+            for o in n.outputs:
+                if d.get(o.name) is None and n.op not in ("Cast", "Shape", "Size", "CastLike", "ArgMax",
+                                                          "ArgMin", "NonZero", "Equal", "Less", "Greater",
+                                                          "Not", "And", "Or"):
+                    known = [d.get(i.name) for i in n.inputs if d.get(i.name) is not None]
+                    if known:
+                        d[o.name] = known[0]
+        return d
+
+    def is_float(self, tensor: gs.Tensor) -> bool:
+        return is_float_dtype(self.dtype(tensor))
+
+    @cached_property
+    def integer_derived(self) -> dict[str, str]:
+        """Float tensors whose values come only from integer or bool tensors (masks, one-hots,
+        position buckets), mapped to the integer tensor they derive from. Weighted ops, pooling and
+        other arithmetic on real data end such a path."""
+        origin: dict[str, str] = {}
+        for n in self.nodes:
+            if self.vocab.is_(n, "weighted") or self.vocab.is_(n, "avg_pool") or self.vocab.is_(n, "softmax"):
+                continue
+            sources = []
+            real = False
+            for i in n.inputs:
+                if i.name == "":
+                    continue
+                value = self.constant_value(i)
+                if value is not None:
+                    # a float table (Gather's data, a weight) carries real values; scalars and
+                    # integer constants (1 - mask, -1e4 * mask, indices) do not
+                    if np.issubdtype(value.dtype, np.floating) and value.size > 1:
+                        real = True
+                    continue
+                if not self.is_float(i) and self.dtype(i) is not None:
+                    sources.append(i.name)
+                elif i.name in origin:
+                    sources.append(origin[i.name])
+                else:
+                    real = True
+            if sources and not real:
+                for o in n.outputs:
+                    if self.is_float(o):
+                        origin[o.name] = sources[0]
+        return origin
+
+    def shape(self, tensor: gs.Tensor):
+        if isinstance(tensor, gs.Constant):
+            return tuple(tensor.values.shape)
+        return tuple(tensor.shape) if tensor.shape is not None else None
+
+    # ------------------------------------------------------------------ walks
+
+    def through(self, tensor: gs.Tensor, cls: str = "copy") -> list[tuple[gs.Node, int]]:
+        """Consumers of `tensor`, looking through ops of class `cls` (data movement by default)."""
+        out, stack, seen = [], [tensor], set()
+        while stack:
+            t = stack.pop()
+            if t.name in seen:
+                continue
+            seen.add(t.name)
+            for n, i in self.consumers(t):
+                if self.vocab.is_(n, cls) and i == 0:
+                    stack.extend(n.outputs)
+                else:
+                    out.append((n, i))
+        return out
+
+    def match_path(self, steps: tuple[str, ...]) -> list[list[gs.Node]]:
+        """Every chain of nodes, each consuming the previous one's output, that fits `steps`
+        ("A|B" alternatives, trailing "?" optional)."""
+        parsed = [(frozenset(s.rstrip("?").split("|")), s.endswith("?")) for s in steps]
+        found = []
+
+        def walk(node, k, chain):
+            # try to place `node` at step k, skipping optional steps
+            while k < len(parsed):
+                ops_, optional = parsed[k]
+                if node.op in ops_:
+                    chain = chain + [node]
+                    if k == len(parsed) - 1 or all(opt for _, opt in parsed[k + 1:]):
+                        found.append(chain)
+                    for o in node.outputs:
+                        for c, _ in self.consumers(o):
+                            walk(c, k + 1, chain)
+                    return
+                if not optional:
+                    return
+                k += 1
+
+        for n in self.nodes:
+            walk(n, 0, [])
+        return found

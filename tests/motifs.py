@@ -1,0 +1,251 @@
+"""Tiny graphs, one factory per motif, built in code with onnx.helper (seeded weights)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+RNG_SEED = 0
+
+
+class G:
+    """A small graph builder: add nodes and constants, then .model()."""
+
+    def __init__(self, name, seed=RNG_SEED):
+        self.name = name
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.inputs, self.outputs = [], [], [], []
+
+    def input(self, name, shape, dtype=TensorProto.FLOAT):
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, shape))
+        return name
+
+    def output(self, name, dtype=TensorProto.FLOAT, shape=None):
+        self.outputs.append(helper.make_tensor_value_info(name, dtype, shape))
+        return name
+
+    def const(self, name, value):
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def weight(self, name, shape, scale=0.3):
+        return self.const(name, (self.rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def node(self, op, inputs, outputs=None, name=None, **attrs):
+        name = name or f"{op.lower()}{len(self.nodes)}"
+        outputs = outputs or [f"{name}_out"]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=name, **attrs))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def conv(self, x, cin, cout, name, k=3, bias=True, **attrs):
+        ins = [x, self.weight(f"{name}.w", (cout, cin // attrs.get("group", 1), k, k))]
+        if bias:
+            ins.append(self.weight(f"{name}.b", (cout,), 0.1))
+        return self.node("Conv", ins, name=name, kernel_shape=[k, k], pads=[k // 2] * 4, **attrs)
+
+    def bn(self, x, c, name):
+        r = self.rng
+        return self.node("BatchNormalization", [
+            x, self.const(f"{name}.s", (1 + 0.2 * r.standard_normal(c)).astype(np.float32)),
+            self.const(f"{name}.b", (0.1 * r.standard_normal(c)).astype(np.float32)),
+            self.const(f"{name}.m", (0.1 * r.standard_normal(c)).astype(np.float32)),
+            self.const(f"{name}.v", (1 + r.random(c)).astype(np.float32))], name=name, epsilon=1e-5)
+
+    def model(self, opset=17):
+        g = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        m.ir_version = 8
+        done = onnx.shape_inference.infer_shapes(m).graph
+        inferred = {v.name: v for v in list(done.value_info) + list(done.output)}
+        for o in m.graph.output:  # outputs declared without a shape get the inferred one
+            if not o.type.tensor_type.HasField("shape") and o.name in inferred:
+                o.CopyFrom(inferred[o.name])
+        onnx.checker.check_model(m, full_check=True)
+        return m
+
+
+def conv_relu():
+    g = G("conv_relu")
+    x = g.input("x", ["n", 16, 8, 8])
+    y = g.conv(x, 16, 16, "conv")
+    g.node("Relu", [y], ["y"], name="relu")
+    g.output("y")
+    return g.model()
+
+
+def conv_bn_relu():
+    g = G("conv_bn_relu")
+    x = g.input("x", ["n", 16, 8, 8])
+    y = g.bn(g.conv(x, 16, 32, "conv", bias=False), 32, "bn")
+    g.node("Relu", [y], ["y"], name="relu")
+    g.output("y")
+    return g.model()
+
+
+def residual_add(projection=False):
+    """conv1 -> relu -> conv2 (+ skip or projection conv) -> add -> relu -> conv3."""
+    g = G("residual_add")
+    x = g.input("x", ["n", 16, 8, 8])
+    stem = g.node("Relu", [g.conv(x, 16, 16, "stem")], name="stem_relu")
+    a = g.node("Relu", [g.conv(stem, 16, 16, "conv1")], name="relu1")
+    a = g.conv(a, 16, 16, "conv2")
+    skip = g.conv(stem, 16, 16, "proj", k=1) if projection else stem
+    s = g.node("Add", [a, skip], name="add")
+    r = g.node("Relu", [s], name="relu2")
+    g.node("Conv", [r, g.weight("head.w", (16, 16, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
+def concat_of_pools():
+    """Two conv branches pooled and concatenated, then a conv (Inception-like)."""
+    g = G("concat_of_pools")
+    x = g.input("x", ["n", 16, 8, 8])
+    a = g.node("Relu", [g.conv(x, 16, 16, "conv_a")], name="relu_a")
+    b = g.node("Relu", [g.conv(x, 16, 16, "conv_b")], name="relu_b")
+    pa = g.node("MaxPool", [a], name="pool_a", kernel_shape=[2, 2], strides=[2, 2])
+    pb = g.node("AveragePool", [b], name="pool_b", kernel_shape=[2, 2], strides=[2, 2])
+    c = g.node("Concat", [pa, pb], name="concat", axis=1)
+    g.node("Conv", [c, g.weight("head.w", (16, 32, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
+def se_block():
+    """conv -> relu -> x; gate = HardSigmoid(conv(relu(conv(GAP(x))))); y = x * gate -> conv."""
+    g = G("se_block")
+    inp = g.input("x", ["n", 16, 8, 8])
+    x = g.node("Relu", [g.conv(inp, 16, 32, "conv")], name="relu")
+    p = g.node("GlobalAveragePool", [x], name="gap")
+    s = g.node("Relu", [g.conv(p, 32, 16, "se_reduce", k=1)], name="se_relu")
+    gate = g.node("HardSigmoid", [g.conv(s, 16, 32, "se_expand", k=1)], name="se_gate")
+    m = g.node("Mul", [x, gate], name="se_mul")
+    g.node("Conv", [m, g.weight("head.w", (16, 32, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
+def silu_conv():
+    """conv -> x * sigmoid(x) -> conv: the Mul must stay unquantized (fuses into the epilogue)."""
+    g = G("silu_conv")
+    inp = g.input("x", ["n", 16, 8, 8])
+    c = g.conv(inp, 16, 16, "conv")
+    s = g.node("Sigmoid", [c], name="sig")
+    m = g.node("Mul", [c, s], name="silu_mul")
+    g.node("Conv", [m, g.weight("head.w", (16, 16, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
+def attention(seq=8, hidden=32):
+    """Projections (MatMul with constant weights) + attention core + output projection + GELU FFN."""
+    g = G("attention")
+    x = g.input("x", ["b", seq, hidden])
+    q = g.node("MatMul", [x, g.weight("wq", (hidden, hidden))], name="q_proj")
+    k = g.node("MatMul", [x, g.weight("wk", (hidden, hidden))], name="k_proj")
+    v = g.node("MatMul", [x, g.weight("wv", (hidden, hidden))], name="v_proj")
+    kt = g.node("Transpose", [k], name="k_t", perm=[0, 2, 1])
+    s = g.node("MatMul", [q, kt], name="qk")
+    s = g.node("Div", [s, g.const("sqrt_d", np.array(np.sqrt(hidden), np.float32))], name="scale")
+    p = g.node("Softmax", [s], name="softmax", axis=-1)
+    a = g.node("MatMul", [p, v], name="pv")
+    o = g.node("MatMul", [a, g.weight("wo", (hidden, hidden))], name="o_proj")
+    h = g.node("Div", [o, g.const("sqrt2", np.array(np.sqrt(2), np.float32))], name="gelu_div")
+    e = g.node("Erf", [h], name="gelu_erf")
+    e1 = g.node("Add", [e, g.const("one", np.array(1, np.float32))], name="gelu_add")
+    m = g.node("Mul", [o, e1], name="gelu_mul")
+    m = g.node("Mul", [m, g.const("half", np.array(0.5, np.float32))], name="gelu_mul2")
+    g.node("MatMul", [m, g.weight("w_ffn", (hidden, hidden))], ["y"], name="ffn")
+    g.output("y")
+    return g.model()
+
+
+def gemm_transB(trans_b=1):
+    g = G("gemm")
+    x = g.input("x", ["n", 64])
+    w = g.weight("fc.w", (32, 64) if trans_b else (64, 32))
+    g.node("Gemm", [x, w, g.weight("fc.b", (32,), 0.1)], ["y"], name="fc", transB=trans_b)
+    g.output("y")
+    return g.model()
+
+
+def convtranspose(group=1):
+    g = G("convtranspose")
+    x = g.input("x", ["n", 16, 8, 8])
+    w = g.weight("up.w", (16, 32 // group, 2, 2))
+    y = g.node("ConvTranspose", [x, w, g.weight("up.b", (32,), 0.1)], name="up",
+               kernel_shape=[2, 2], strides=[2, 2], group=group)
+    g.node("Relu", [y], ["y"], name="relu")
+    g.output("y")
+    return g.model()
+
+
+def integer_path():
+    """int64 ids -> Gather embedding; int64 mask -> Cast -> Sub -> Mul -> Add into scores; a one-hot
+    (Equal -> Cast) into a MatMul. Integer tensors and their float derivatives stay unquantized."""
+    g = G("integer_path")
+    ids = g.input("ids", ["b", 8], TensorProto.INT64)
+    mask = g.input("mask", ["b", 8], TensorProto.INT64)
+    emb = g.node("Gather", [g.weight("table", (50, 16)), ids], name="embed", axis=0)
+    h = g.node("MatMul", [emb, g.weight("w1", (16, 16))], name="dense")
+    mf = g.node("Cast", [mask], name="mask_cast", to=TensorProto.FLOAT)
+    inv = g.node("Sub", [g.const("one", np.array(1, np.float32)), mf], name="mask_inv")
+    bias = g.node("Mul", [inv, g.const("neg", np.array(-1e4, np.float32))], name="mask_bias")
+    bias = g.node("Unsqueeze", [bias, g.const("ax", np.array([2], np.int64))], name="mask_unsq")
+    s = g.node("Add", [h, bias], name="masked")
+    onehot = g.node("Cast", [g.node("Equal", [g.node("Unsqueeze", [ids, g.const("ax2", np.array([2], np.int64))], name="ids_unsq"),
+                                               g.const("vocab", np.arange(16, dtype=np.int64))], name="eq")],
+                    name="onehot", to=TensorProto.FLOAT)
+    oh = g.node("MatMul", [onehot, g.weight("w2", (16, 16))], name="onehot_mm")
+    y = g.node("Add", [s, oh], name="sum")
+    g.node("MatMul", [y, g.weight("w3", (16, 16))], ["y"], name="out_proj")
+    g.output("y")
+    return g.model()
+
+
+def tiny_conv():
+    """A 4->4 channel 3x3 conv in the middle (excluded) and a 3->16 first layer (kept)."""
+    g = G("tiny_conv")
+    x = g.input("x", ["n", 3, 8, 8])
+    a = g.node("Relu", [g.conv(x, 3, 16, "first")], name="r0")
+    b = g.node("Relu", [g.conv(a, 16, 4, "narrow")], name="r1")
+    c = g.node("Relu", [g.conv(b, 4, 4, "tiny")], name="r2")
+    g.node("Conv", [c, g.weight("head.w", (16, 4, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
+def paddle_constants():
+    """Weights as Constant nodes, and a weight written as Transpose(constant) (TensorFlow style)."""
+    g = G("paddle_constants")
+    x = g.input("x", ["n", 16, 8, 8])
+    w = (g.rng.standard_normal((16, 16, 3, 3)) * 0.3).astype(np.float32)
+    g.nodes.append(helper.make_node("Constant", [], ["w_const"], name="w_node",
+                                    value=numpy_helper.from_array(w, "w_value")))
+    y = g.node("Conv", [x, "w_const"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    y = g.node("Relu", [y], name="relu")
+    f = g.node("Flatten", [g.node("GlobalAveragePool", [y], name="gap")], name="flat", axis=1)
+    wt = g.node("Transpose", [g.weight("fc_kn", (32, 16))], name="w_transpose", perm=[1, 0])
+    g.node("MatMul", [f, wt], ["y"], name="fc")
+    g.output("y")
+    return g.model()
+
+
+def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
+    """Random calibration samples ([n, *shape], dynamic dims = 2) for every input of a motif."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in model.graph.input:
+        t = i.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in t.shape.dim]
+        if t.elem_type == TensorProto.FLOAT:
+            out[i.name] = rng.standard_normal([n, *shape]).astype(np.float32)
+        else:
+            out[i.name] = rng.integers(0, 16, [n, *shape]).astype(np.int64)
+    return out
+
+
+ALL = {"conv_relu": conv_relu, "conv_bn_relu": conv_bn_relu, "residual_add": residual_add,
+       "concat_of_pools": concat_of_pools, "se_block": se_block, "silu_conv": silu_conv,
+       "attention": attention, "gemm_transB": gemm_transB, "convtranspose": convtranspose,
+       "integer_path": integer_path, "tiny_conv": tiny_conv, "paddle_constants": paddle_constants}
