@@ -527,3 +527,27 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
                     plan.decisions[node.name] = Decision(node.name, node.op, False, *near)
     _merge_groups(plan)
     return plan
+
+
+def explain(graph: gs.Graph, node_name: str, rule_id: str, ruleset: RuleSet | None = None,
+            selection: Selection = Selection()) -> tuple[bool, str]:
+    """Does rule `rule_id` match node `node_name`, and why (not)? Answers "why wasn't X quantized"
+    for one rule, whatever the other rules did. Stage-2 rules see the full plan."""
+    ruleset = ruleset or load_ruleset()
+    rule = ruleset.by_id.get(rule_id)
+    if rule is None:
+        raise KeyError(f"no rule {rule_id!r}")
+    view = GraphView(graph)
+    node = next((n for n in view.nodes if n.name == node_name), None)
+    if node is None:
+        raise KeyError(f"no node {node_name!r}")
+    if rule.path:
+        for chain in view.match_path(rule.path):
+            if any(n is node for n in chain):
+                return True, rule.doc
+        return False, f"{node.op} node is on no chain {','.join(rule.path)}"
+    if not _op_matches(view, rule, node):
+        return False, f"{node.op} is not in op class {rule.op!r}"
+    plan = plan_placement(graph, ruleset, selection)
+    ok, why, _ = _evaluate(Ctx(view, plan), rule, node)
+    return ok, why

@@ -64,13 +64,13 @@ class G:
         return m
 
 
-def conv_relu():
+def conv_relu(opset=17):
     g = G("conv_relu")
     x = g.input("x", ["n", 16, 8, 8])
     y = g.conv(x, 16, 16, "conv")
     g.node("Relu", [y], ["y"], name="relu")
     g.output("y")
-    return g.model()
+    return g.model(opset)
 
 
 def conv_bn_relu():
@@ -231,6 +231,102 @@ def paddle_constants():
     return g.model()
 
 
+def layernorm_mlp():
+    g = G("layernorm_mlp")
+    x = g.input("x", ["b", 8, 32])
+    h = g.node("MatMul", [x, g.weight("w1", (32, 32))], name="fc1")
+    n = g.node("LayerNormalization", [h, g.const("ln.s", np.ones(32, np.float32)),
+                                      g.const("ln.b", np.zeros(32, np.float32))], name="ln", axis=-1)
+    g.node("MatMul", [n, g.weight("w2", (32, 32))], ["y"], name="fc2")
+    g.output("y")
+    return g.model()
+
+
+def layernorm_decomposed():
+    g = G("layernorm_decomposed")
+    x = g.input("x", ["b", 8, 32])
+    h = g.node("MatMul", [x, g.weight("w1", (32, 32))], name="fc1")
+    ax = g.const("axes", np.array([-1], np.int64))
+    mean = g.node("ReduceMean", [h, ax], name="ln_mean")
+    d = g.node("Sub", [h, mean], name="ln_sub")
+    sq = g.node("Pow", [d, g.const("two", np.array(2, np.float32))], name="ln_pow")
+    var = g.node("ReduceMean", [sq, ax], name="ln_var")
+    ve = g.node("Add", [var, g.const("eps", np.array(1e-5, np.float32))], name="ln_add_eps")
+    sd = g.node("Sqrt", [ve], name="ln_sqrt")
+    nrm = g.node("Div", [d, sd], name="ln_div")
+    sc = g.node("Mul", [nrm, g.weight("ln.g", (32,))], name="ln_mul")
+    b = g.node("Add", [sc, g.weight("ln.b", (32,))], name="ln_add")
+    g.node("MatMul", [b, g.weight("w2", (32, 32))], ["y"], name="fc2")
+    g.output("y")
+    return g.model(opset=18)
+
+
+def gemv():
+    g = G("gemv")
+    x = g.input("x", [4, 64])
+    g.node("MatMul", [x, g.weight("w", (64, 1))], ["y"], name="gemv")
+    g.output("y")
+    return g.model()
+
+
+def dynamic_weight_conv():
+    g = G("dynamic_weight_conv")
+    x = g.input("x", [1, 16, 8, 8])
+    w = g.input("w", [16, 16, 3, 3])
+    g.node("Conv", [x, w], ["y"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.output("y")
+    return g.model()
+
+
+def pool_output():
+    g = G("pool_output")
+    x = g.input("x", ["n", 16, 8, 8])
+    r = g.node("Relu", [g.conv(x, 16, 16, "conv")], name="relu")
+    g.node("GlobalAveragePool", [r], ["y"], name="gap")
+    g.output("y")
+    return g.model()
+
+
+def batched_weight():
+    g = G("batched_weight")
+    x = g.input("x", [2, 8, 32])
+    g.node("MatMul", [x, g.weight("w", (2, 32, 16))], ["y"], name="bmm_w")
+    g.output("y")
+    return g.model()
+
+
+def bmm():
+    g = G("bmm")
+    x = g.input("x", ["b", 8, 32])
+    a = g.node("MatMul", [x, g.weight("wa", (32, 32))], name="proj_a")
+    b = g.node("MatMul", [x, g.weight("wb", (32, 32))], name="proj_b")
+    bt = g.node("Transpose", [b], name="b_t", perm=[0, 2, 1])
+    s = g.node("MatMul", [a, bt], name="bmm")
+    g.node("Relu", [s], ["y"], name="relu")
+    g.output("y")
+    return g.model()
+
+
+def pool_float():
+    g = G("pool_float")
+    x = g.input("x", ["n", 16, 8, 8])
+    p = g.node("AveragePool", [g.node("Relu", [x], name="relu")], name="pool", kernel_shape=[2, 2])
+    g.node("Sigmoid", [p], ["y"], name="sig")
+    g.output("y")
+    return g.model()
+
+
+def concat_float():
+    g = G("concat_float")
+    x = g.input("x", ["n", 16, 8, 8])
+    a = g.node("Relu", [g.conv(x, 16, 16, "conv_a")], name="relu_a")
+    b = g.node("Relu", [g.conv(x, 16, 16, "conv_b")], name="relu_b")
+    c = g.node("Concat", [a, b], name="concat", axis=1)
+    g.node("Softmax", [c], ["y"], name="softmax", axis=1)
+    g.output("y")
+    return g.model()
+
+
 def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
     """Random calibration samples ([n, *shape], dynamic dims = 2) for every input of a motif."""
     rng = np.random.default_rng(seed)
@@ -248,4 +344,9 @@ def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
 ALL = {"conv_relu": conv_relu, "conv_bn_relu": conv_bn_relu, "residual_add": residual_add,
        "concat_of_pools": concat_of_pools, "se_block": se_block, "silu_conv": silu_conv,
        "attention": attention, "gemm_transB": gemm_transB, "convtranspose": convtranspose,
-       "integer_path": integer_path, "tiny_conv": tiny_conv, "paddle_constants": paddle_constants}
+       "integer_path": integer_path, "tiny_conv": tiny_conv, "paddle_constants": paddle_constants,
+       "layernorm_mlp": layernorm_mlp, "layernorm_decomposed": layernorm_decomposed, "gemv": gemv,
+       "pool_output": pool_output, "batched_weight": batched_weight, "bmm": bmm, "pool_float": pool_float,
+       "concat_float": concat_float, "residual_projection": lambda: residual_add(projection=True),
+       "gemm": lambda: gemm_transB(0), "convtranspose_grouped": lambda: convtranspose(2),
+       "dynamic_weight_conv": dynamic_weight_conv}

@@ -44,7 +44,7 @@ def weight_scales(w: np.ndarray, axis: int | None) -> np.ndarray:
     """float32 scale(s) for a weight: per channel along `axis`, or one per tensor."""
     a = np.abs(w.astype(np.float32))
     if axis is None:
-        return safe_scale(float(a.max()) if a.size else 0.0)
+        return np.asarray(safe_scale(float(a.max()) if a.size else 0.0), dtype=np.float32)
     amax = a.max(axis=tuple(d for d in range(w.ndim) if d != axis)) if w.ndim > 1 else a
     return np.array([safe_scale(float(m)) for m in amax], dtype=np.float32)
 

@@ -1,0 +1,157 @@
+"""Cleaning passes, insertion invariants, strip(insert(m)) == clean(m), determinism, accuracy bound."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import motifs
+import qdqgraph
+from qdqgraph import io
+from qdqgraph.passes.batchnorm import fold_batchnorm
+from qdqgraph.passes.check import qdq_violations
+from qdqgraph.passes.constants import fold_constants
+from qdqgraph.passes.strip import strip_qdq
+from qdqgraph.pipeline import clean
+from qdqgraph.render import render
+
+
+def run(model: onnx.ModelProto, feed: dict) -> list:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)
+
+
+def first_sample(data):
+    return {k: v[0] for k, v in data.items()}
+
+
+def cos(a, b):
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+
+def test_fold_batchnorm_keeps_outputs():
+    for make in (motifs.conv_bn_relu,):
+        m = make()
+        data = motifs.sample_data(m)
+        loaded = io.load(m)
+        res = fold_batchnorm(loaded.graph)
+        assert res.folded == ["bn"] and res.kept == []
+        assert "BatchNormalization" not in render(loaded.graph)
+        out = io.to_model(loaded)
+        np.testing.assert_allclose(run(out, first_sample(data))[0], run(m, first_sample(data))[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["ConvTranspose", "Gemm"])
+def test_fold_batchnorm_convtranspose_and_gemm(op):
+    g = motifs.G("bn_" + op)
+    if op == "Gemm":
+        x = g.input("x", ["n", 64])
+        y = g.node("Gemm", [x, g.weight("w", (32, 64)), g.weight("b", (32,))], name="fc", transB=1, alpha=0.5)
+    else:
+        x = g.input("x", ["n", 16, 4, 4])
+        y = g.node("ConvTranspose", [x, g.weight("w", (16, 8, 2, 2))], name="up", kernel_shape=[2, 2],
+                   strides=[2, 2], group=2)
+    g.bn(y, 32 if op == "Gemm" else 16, "bn")
+    g.outputs.append(onnx.helper.make_tensor_value_info("bn_out", onnx.TensorProto.FLOAT, None))
+    m = g.model()
+    loaded = io.load(m)
+    assert fold_batchnorm(loaded.graph).folded == ["bn"]
+    feed = first_sample(motifs.sample_data(m))
+    np.testing.assert_allclose(run(io.to_model(loaded), feed)[0], run(m, feed)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_batchnorm_without_conv_is_kept_with_reason():
+    g = motifs.G("bn_alone")
+    x = g.input("x", ["n", 16, 4, 4])
+    g.node("Relu", [x], name="relu")
+    g.bn("relu_out", 16, "bn")
+    g.output("bn_out")
+    res = fold_batchnorm(io.load(g.model()).graph)
+    assert res.folded == [] and len(res.kept) == 1
+    assert "comes from Relu" in res.kept[0][1]
+
+
+def test_fold_constants_turns_constant_nodes_into_weights():
+    loaded = io.load(motifs.paddle_constants())
+    res = fold_constants(loaded.graph)
+    assert res.folded == 2 and res.constant_nodes_left == []
+    assert "Transpose" not in render(loaded.graph) and "Constant(" not in render(loaded.graph)
+
+
+@pytest.mark.parametrize("name", sorted(motifs.ALL))
+def test_insert_invariants_and_runs(name):
+    m = motifs.ALL[name]()
+    data = motifs.sample_data(m)
+    result = qdqgraph.quantize(m, data)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert qdq_violations(io.load(result.model).graph) == []
+    q = run(result.model, first_sample(data))
+    f = run(m, first_sample(data))
+    assert len(q) == len(f)
+    for a, b in zip(q, f):
+        assert a.shape == b.shape and np.all(np.isfinite(a))
+        # the int8 model stays close to float (bound set loosely by 8-bit scales on random weights)
+        assert cos(a, b) > 0.95, (name, cos(a, b))
+
+
+@pytest.mark.parametrize("name", ["residual_add", "concat_of_pools", "se_block", "attention", "paddle_constants",
+                                  "conv_bn_relu", "integer_path"])
+def test_strip_of_insert_equals_clean(name):
+    m = motifs.ALL[name]()
+    data = motifs.sample_data(m)
+    expected = io.load(m)
+    clean(expected)
+    quantized = io.load(qdqgraph.quantize(m, data, weights="qdq").model)
+    assert strip_qdq(quantized.graph) > 0
+    # the same nodes with the same connections (a line names a node's inputs and outputs)
+    assert sorted(render(quantized.graph).splitlines()) == sorted(render(expected.graph).splitlines())
+    feed = first_sample(data)
+    for a, b in zip(run(io.to_model(quantized), feed), run(io.to_model(expected), feed)):
+        np.testing.assert_array_equal(a, b)
+    # with INT8 weights the structure comes back too, the weights dequantized
+    q8 = io.load(qdqgraph.quantize(m, data).model)
+    strip_qdq(q8.graph)
+    assert sorted(n.op for n in q8.graph.nodes) == sorted(n.op for n in expected.graph.nodes)
+
+
+def test_insert_is_deterministic():
+    m = motifs.residual_add(projection=True)
+    data = motifs.sample_data(m)
+    a = qdqgraph.quantize(m, data).model.SerializeToString()
+    b = qdqgraph.quantize(m, data).model.SerializeToString()
+    assert a == b
+
+
+def test_rule_ids_recorded_on_nodes():
+    m = motifs.residual_add()
+    model = qdqgraph.quantize(m, motifs.sample_data(m)).model
+    rules = {n.name: {p.key: p.value for p in n.metadata_props}.get(io.RULE_KEY) for n in model.graph.node
+             if n.op_type in ("QuantizeLinear", "DequantizeLinear")}
+    assert rules["stem_relu_out_q"] in ("P6-residual-add", "P1-conv")
+    assert rules["conv2.w_dq"] == "P1-conv"
+    assert all(rules.values())
+
+
+def test_zero_range_tensor_gets_safe_scale_and_warning():
+    m = motifs.conv_relu()
+    data = {"x": np.zeros((4, 2, 16, 8, 8), np.float32)}
+    result = qdqgraph.quantize(m, data)
+    scale = [t for t in result.model.graph.initializer if t.name == "x_scale"][0]
+    v = onnx.numpy_helper.to_array(scale)
+    assert np.isfinite(v) and v > 0
+    assert any("zero over all calibration samples" in w for w in result.report.warnings)
+
+
+def test_metadata_props_kept():
+    m = motifs.conv_relu()
+    p = m.metadata_props.add()
+    p.key, p.value = "character", "0\n90\n180\n270"
+    out = qdqgraph.quantize(m, motifs.sample_data(m)).model
+    assert {q.key: q.value for q in out.metadata_props}["character"] == "0\n90\n180\n270"
+
+
+def test_opset_raised_to_13():
+    m = motifs.conv_relu(opset=11)
+    result = qdqgraph.quantize(m, motifs.sample_data(m))
+    assert [o.version for o in result.model.opset_import if o.domain in ("", "ai.onnx")] == [13]
+    assert result.report.opset_raised_from == 11

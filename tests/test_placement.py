@@ -1,0 +1,154 @@
+"""Placement rules: each rule id has a positive and a negative case (the negative one asserts the
+reason), golden text per motif, and the structural guarantees of P5/P8."""
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+
+import motifs
+import qdqgraph
+from qdqgraph import io
+from qdqgraph.pipeline import clean
+from qdqgraph.placement import explain, plan_placement
+from qdqgraph.render import render, scales
+from qdqgraph.rules import load_ruleset
+
+
+def cleaned_graph(model):
+    loaded = io.load(model)
+    clean(loaded)
+    return loaded.graph
+
+
+# rule id -> (positive motif, node), (negative motif, node, words the reason must contain)
+CASES = {
+    "P10-softmax": (("attention", "softmax"), ("attention", "scale", "not in op class")),
+    "P10-normalization": (("layernorm_mlp", "ln"), ("layernorm_mlp", "fc1", "not in op class")),
+    "P10-layernorm-decomposed": (("layernorm_decomposed", "ln_sqrt"), ("layernorm_decomposed", "fc1", "on no chain")),
+    "P10-gelu": (("attention", "gelu_erf"), ("attention", "o_proj", "on no chain")),
+    "P10-mha-core": (("attention", "qk"), ("attention", "q_proj", "on no chain")),
+    "P10-gemv": (("gemv", "gemv"), ("gemm_transB", "fc", "is a GEMM")),
+    "P10-tiny-conv": (("tiny_conv", "tiny"), ("tiny_conv", "narrow", "suits INT8 kernels")),
+    "P10-output-layer": (("pool_output", "gap"), ("pool_output", "conv", "not a graph output")),
+    "P1-conv": (("conv_relu", "conv"), ("dynamic_weight_conv", "conv", "not a constant weight")),
+    "P1-convtranspose": (("convtranspose", "up"), ("convtranspose_grouped", "up", "group is 2")),
+    "P2-convtranspose-grouped": (("convtranspose_grouped", "up"), ("conv_relu", "conv", "not ConvTranspose")),
+    "P1-gemm-transB": (("gemm_transB", "fc"), ("gemm", "fc", "transB is 0")),
+    "P1-gemm": (("gemm", "fc"), ("gemm_transB", "fc", "transB is 1")),
+    "P1-matmul": (("attention", "q_proj"), ("integer_path", "onehot_mm", "integer path")),
+    "P2-matmul-batched-weight": (("batched_weight", "bmm_w"), ("bmm", "bmm", "not a constant weight")),
+    "P1-matmul-activations": (("bmm", "bmm"), ("bmm", "proj_a", "is a constant")),
+    "P6-residual-add": (("residual_add", "add"), ("integer_path", "sum", "conv pattern")),
+    "P9-se-mul": (("se_block", "se_mul"), ("silu_conv", "silu_mul", "SiLU")),
+    "P7-avgpool": (("concat_of_pools", "pool_b"), ("pool_float", "pool", "neither its producer conv nor its consumer")),
+    "P8-concat": (("concat_of_pools", "concat"), ("concat_float", "concat", "feeds no quantized consumer")),
+}
+
+
+def test_every_rule_has_cases():
+    ids = set(load_ruleset().by_id)
+    assert ids == set(CASES), f"rules without cases: {ids - set(CASES)}; cases without rules: {set(CASES) - ids}"
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_positive(rule_id):
+    (motif, node), _ = CASES[rule_id]
+    graph = cleaned_graph(motifs.ALL[motif]())
+    ok, why = explain(graph, node, rule_id)
+    assert ok, f"{rule_id} should match {motif}/{node}: {why}"
+    decision = plan_placement(graph).decisions.get(node)
+    if decision is not None:  # the rule that decided is this one (rules earlier in order did not match)
+        assert decision.rule == rule_id, decision
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_negative(rule_id):
+    _, (motif, node, words) = CASES[rule_id]
+    graph = cleaned_graph(motifs.ALL[motif]())
+    ok, why = explain(graph, node, rule_id)
+    assert not ok, f"{rule_id} should not match {motif}/{node}"
+    assert words in why, why
+
+
+GOLDEN_MOTIFS = ["conv_relu", "conv_bn_relu", "residual_add", "residual_projection", "concat_of_pools",
+                 "se_block", "silu_conv", "attention", "gemm_transB", "convtranspose", "integer_path",
+                 "tiny_conv", "paddle_constants"]
+
+
+@pytest.mark.parametrize("name", GOLDEN_MOTIFS)
+def test_golden(name, golden):
+    m = motifs.ALL[name]()
+    result = qdqgraph.quantize(m, motifs.sample_data(m))
+    golden(name, render(io.load(result.model).graph))
+
+
+def test_residual_quantizes_skip_only():
+    for name, skip in (("residual_add", "stem_relu_out"), ("residual_projection", "proj_out")):
+        plan = plan_placement(cleaned_graph(motifs.ALL[name]()))
+        quantized_inputs = {t for t, s in plan.sites.items() if ("add", 0) in s.edges or ("add", 1) in s.edges}
+        assert quantized_inputs == {skip}, (name, quantized_inputs)
+
+
+def test_one_shared_qdq_per_tensor():
+    """P5: a tensor feeding several quantized consumers gets one Q and one DQ."""
+    m = motifs.concat_of_pools()  # x feeds conv_a and conv_b
+    g = io.load(qdqgraph.quantize(m, motifs.sample_data(m)).model).graph
+    qs = [n for n in g.nodes if n.op == "QuantizeLinear" and n.inputs[0].name == "x"]
+    assert len(qs) == 1
+    dq_out = qs[0].outputs[0].outputs[0].outputs[0]
+    assert sorted(n.name for n in dq_out.outputs) == ["conv_a", "conv_b"]
+
+
+def test_concat_group_shares_one_scale():
+    m = motifs.concat_of_pools()
+    g = io.load(qdqgraph.quantize(m, motifs.sample_data(m)).model).graph
+    s = scales(g)
+    group = [s[f"{t}_q"] for t in ("pool_a_out", "pool_b_out", "concat_out")]
+    assert all(v.dtype == np.float32 for v in group)
+    assert group[0] == group[1] == group[2]
+    assert s["x_q"] != group[0]
+
+
+def test_weights_per_channel_with_axis_and_bias_float():
+    for name, op, axis in (("conv_relu", "Conv", 0), ("gemm_transB", "Gemm", 0), ("gemm", "Gemm", 1),
+                           ("convtranspose", "ConvTranspose", 1), ("attention", "MatMul", 1)):
+        m = motifs.ALL[name]()
+        g = io.load(qdqgraph.quantize(m, motifs.sample_data(m)).model).graph
+        for n in g.nodes:
+            if n.op != op or len(n.inputs) < 2 or not n.inputs[1].inputs:
+                continue
+            dq = n.inputs[1].inputs[0]
+            if dq.op != "DequantizeLinear" or not isinstance(dq.inputs[0], gs.Constant):
+                continue
+            assert dq.attrs.get("axis") == axis, (name, n.name, dq.attrs)
+            assert dq.inputs[0].values.dtype == np.int8
+            assert dq.inputs[1].values.shape == (dq.inputs[0].values.shape[axis],)
+            if len(n.inputs) > 2:
+                assert isinstance(n.inputs[2], gs.Constant) and n.inputs[2].values.dtype == np.float32
+
+
+def test_user_exclusions():
+    graph = cleaned_graph(motifs.residual_add())
+    sel = qdqgraph.Selection(exclude_ops=("Add",), exclude_nodes=("^conv1$",))
+    plan = plan_placement(graph, selection=sel)
+    assert plan.decisions["add"].rule == "user-exclude" and not plan.decisions["add"].quantized
+    assert plan.decisions["conv1"].reason == "--exclude-node ^conv1$"
+    assert plan.decisions["conv2"].quantized
+
+
+def test_include_node_overrides_advisory_exclusion():
+    graph = cleaned_graph(motifs.tiny_conv())
+    assert not plan_placement(graph).decisions["tiny"].quantized
+    plan = plan_placement(graph, selection=qdqgraph.Selection(include_nodes=("^tiny$",)))
+    assert plan.decisions["tiny"].quantized and plan.decisions["tiny"].rule == "P1-conv"
+
+
+def test_integer_tensors_never_quantized():
+    graph = cleaned_graph(motifs.integer_path())
+    plan = plan_placement(graph)
+    view = qdqgraph.view.GraphView(graph) if hasattr(qdqgraph, "view") else None
+    from qdqgraph.view import GraphView
+    view = GraphView(graph)
+    for t in plan.sites:
+        tensor = view.tensors[t]
+        assert view.is_float(tensor) and t not in view.integer_derived, t
+    assert "embed_out" in plan.sites or plan.decisions["dense"].quantized  # a Gather of a float table is real data
