@@ -61,6 +61,15 @@ def tensor_bytes(model: onnx.ModelProto) -> int:
     return int(total)
 
 
+def _write_external(model: onnx.ModelProto, path: Path, location: str) -> None:
+    """Save with tensors in `location` beside `path`, and leave `model` as it was (onnx moves the
+    tensors out of the in-memory model when it saves them externally; they are read back)."""
+    from onnx.external_data_helper import load_external_data_for_model
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=location, size_threshold=1024)
+    load_external_data_for_model(model, str(Path(path).parent))
+
+
 def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Read an ONNX file with its external data, or raise a QdqError that says what is wrong."""
     p = Path(path)
@@ -104,7 +113,7 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         pass
     with tempfile.TemporaryDirectory() as d:
         src, dst = Path(d) / "in.onnx", Path(d) / "out.onnx"
-        onnx.save(model, str(src), save_as_external_data=True, location="in.data")
+        _write_external(model, src, "in.data")
         try:
             onnx.shape_inference.infer_shapes_path(str(src), str(dst), strict_mode=False, data_prop=True)
         except Exception:
@@ -162,7 +171,7 @@ def check(model: onnx.ModelProto) -> None:
         return
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "m.onnx"
-        onnx.save(model, str(p), save_as_external_data=True, location="m.data")
+        _write_external(model, p, "m.data")
         onnx.checker.check_model(str(p), full_check=True)
 
 
@@ -218,8 +227,7 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path
                 tmp_model, tmp_data = temps
                 # onnx writes the data file next to the model, under `location`; write it under the
                 # temporary name, then point the model at the final name before the rename.
-                onnx.save(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
-                          location=tmp_data.name, size_threshold=1024)
+                _write_external(model, tmp_model, tmp_data.name)
                 relocated = onnx.load(str(tmp_model), load_external_data=False)
                 for t in _external_tensors(relocated):
                     for e in t.external_data:
@@ -269,5 +277,5 @@ def session_bytes(model: onnx.ModelProto) -> bytes | None:
 def save_temp(model: onnx.ModelProto, folder: str) -> str:
     """Write a (large) model with external data into `folder` for onnxruntime; returns its path."""
     p = Path(folder) / "model.onnx"
-    onnx.save(model, str(p), save_as_external_data=True, location="model.data")
+    _write_external(model, p, "model.data")
     return str(p)

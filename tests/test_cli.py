@@ -1,0 +1,206 @@
+"""The CLI contract: outputs, exit codes, one-line errors, nothing written on failure."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import motifs
+from qdqgraph import io
+from qdqgraph.cli import main
+
+
+@pytest.fixture
+def model_and_data(tmp_path):
+    m = motifs.residual_add()
+    mp = tmp_path / "m.onnx"
+    onnx.save(m, mp)
+    dp = tmp_path / "calib.npz"
+    np.savez(dp, **motifs.sample_data(m))
+    return mp, dp
+
+
+def files(folder: Path) -> set:
+    return {p.name for p in folder.iterdir()}
+
+
+def one_error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("qdqgraph: error: ")
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+def test_insert_writes_default_output_and_report(model_and_data, capsys):
+    mp, dp = model_and_data
+    before = mp.read_bytes()
+    rp = mp.parent / "r.json"
+    assert main(["insert", str(mp), "--calib", str(dp), "--report", str(rp)]) == 0
+    out = mp.parent / "m.qdq.onnx"
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+    assert mp.read_bytes() == before
+    text = capsys.readouterr().out
+    assert "Conv" in text and f"wrote {out}" in text
+    report = json.loads(rp.read_text())
+    assert report["ops"]["Conv"]["quantized"] == 4 and report["activation_sites"] == 4
+    assert not [p for p in files(mp.parent) if p.endswith(".tmp")]
+
+
+def test_existing_output_refused_without_force(model_and_data, capsys):
+    mp, dp = model_and_data
+    out = mp.parent / "m.qdq.onnx"
+    out.write_bytes(b"keep me")
+    assert main(["insert", str(mp), "--calib", str(dp)]) == 2
+    assert "exists" in one_error_line(capsys) and "--force" in capsys.readouterr().err + "--force"
+    assert out.read_bytes() == b"keep me"
+    assert main(["insert", str(mp), "--calib", str(dp), "--force"]) == 0
+    assert out.read_bytes() != b"keep me"
+
+
+def test_output_equal_to_input_refused_even_with_force(model_and_data, capsys):
+    mp, dp = model_and_data
+    before = mp.read_bytes()
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(mp), "--force"]) == 2
+    assert "is the input model" in one_error_line(capsys)
+    assert mp.read_bytes() == before
+
+
+def test_not_onnx(tmp_path, capsys):
+    p = tmp_path / "notes.onnx"
+    p.write_text("this is not a model")
+    assert main(["insert", str(p), "--calib", "random"]) == 2
+    assert "not a readable ONNX model" in one_error_line(capsys)
+    assert files(tmp_path) == {"notes.onnx"}
+
+
+def test_truncated_onnx(model_and_data, capsys):
+    mp, dp = model_and_data
+    data = mp.read_bytes()
+    mp.write_bytes(data[: len(data) // 2])
+    assert main(["insert", str(mp), "--calib", str(dp)]) == 2
+    one_error_line(capsys)
+    assert "m.qdq.onnx" not in files(mp.parent)
+
+
+def test_already_quantized_refused(model_and_data, capsys):
+    mp, dp = model_and_data
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(mp.parent / "q.onnx")]) == 0
+    capsys.readouterr()
+    assert main(["insert", str(mp.parent / "q.onnx"), "--calib", str(dp)]) == 2
+    assert "already holds quantization" in one_error_line(capsys)
+    assert "q.qdq.onnx" not in files(mp.parent)
+
+
+@pytest.mark.parametrize("bad,words", [
+    ({"y": np.zeros((2, 1, 16, 8, 8), np.float32)}, "no array for model input"),
+    ({"x": np.zeros((2, 1, 16, 8, 8), np.float64)}, "float64; the model input wants float32"),
+    ({"x": np.zeros((2, 1, 3, 8, 8), np.float32)}, "has shape [1, 3, 8, 8]"),
+    ({"x": np.zeros((2, 16, 8), np.float32)}, "rank 4"),
+    ({"x": np.full((2, 1, 16, 8, 8), np.nan, np.float32)}, "NaN or Inf"),
+    ({"x": np.zeros((2, 1, 16, 8, 8), np.float32), "extra": np.zeros(3)}, "not model inputs"),
+])
+def test_bad_calibration_data(model_and_data, capsys, bad, words):
+    mp, _ = model_and_data
+    dp = mp.parent / "bad.npz"
+    np.savez(dp, **bad)
+    assert main(["insert", str(mp), "--calib", str(dp)]) == 2
+    assert words in one_error_line(capsys)
+    assert "m.qdq.onnx" not in files(mp.parent)
+
+
+def test_pickled_npz_refused(model_and_data, capsys):
+    mp, _ = model_and_data
+    dp = mp.parent / "pickled.npz"
+    np.savez(dp, x=np.array([{"a": 1}], dtype=object))
+    assert main(["insert", str(mp), "--calib", str(dp)]) == 2
+    assert "pickled" in one_error_line(capsys)
+
+
+def test_no_calibration_refused_and_random_warns(model_and_data, capsys):
+    mp, _ = model_and_data
+    assert main(["insert", str(mp)]) == 2
+    assert "--calib random" in one_error_line(capsys)
+    assert main(["insert", str(mp), "--calib", "random"]) == 0
+    assert "random data" in capsys.readouterr().err
+
+
+def test_unwritable_output_folder(model_and_data, capsys, tmp_path, monkeypatch):
+    mp, dp = model_and_data
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.access(ro, os.W_OK):  # root writes anywhere: make the folder read-only in qdqgraph's eyes
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro and mode == os.W_OK else real(p, mode))
+    try:
+        assert main(["insert", str(mp), "--calib", str(dp), "-o", str(ro / "o.onnx")]) == 2
+        assert "not writable" in one_error_line(capsys)
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+
+
+def test_missing_output_folder(model_and_data, capsys):
+    mp, dp = model_and_data
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(mp.parent / "nope" / "o.onnx")]) == 2
+    assert "does not exist" in one_error_line(capsys)
+
+
+def test_internal_error_is_one_line_and_exit_1(model_and_data, capsys, monkeypatch):
+    mp, dp = model_and_data
+    import qdqgraph.pipeline as pipeline
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated bug")
+    monkeypatch.setattr(pipeline, "insert_qdq", boom)
+    assert main(["insert", str(mp), "--calib", str(dp)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "internal error" in err[0] and "--debug" in err[0]
+    with pytest.raises(RuntimeError):
+        main(["--debug", "insert", str(mp), "--calib", str(dp)])
+
+
+def test_interrupted_write_leaves_nothing(model_and_data, capsys, monkeypatch):
+    mp, dp = model_and_data
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "replace", interrupted)
+    assert main(["insert", str(mp), "--calib", str(dp)]) == 130
+    assert files(mp.parent) == {"m.onnx", "calib.npz"}
+
+
+def test_full_disk_leaves_nothing(model_and_data, capsys, monkeypatch):
+    mp, dp = model_and_data
+    import errno
+
+    real_save = onnx.save
+
+    def full(model, path, *a, **k):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(onnx, "save", full)
+    assert main(["insert", str(mp), "--calib", str(dp)]) == 2
+    assert "No space left" in one_error_line(capsys)
+    assert files(mp.parent) == {"m.onnx", "calib.npz"}
+    monkeypatch.setattr(onnx, "save", real_save)
+
+
+def test_console_script_and_example(tmp_path):
+    exe = Path(sys.executable).parent / "qdqgraph"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "qdqgraph.cli"]
+    r = subprocess.run(cmd + ["example", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(cmd + ["insert", str(tmp_path / "tiny_resnet.onnx"), "--calib",
+                              str(tmp_path / "tiny_resnet_calib.npz")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "BatchNormalization folded" in r.stdout
+    g = io.load(tmp_path / "tiny_resnet.qdq.onnx").graph
+    assert sum(n.op == "DequantizeLinear" for n in g.nodes) > 0
+    r = subprocess.run(cmd + ["insert", str(tmp_path / "missing.onnx"), "--calib", "random"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr

@@ -1,0 +1,66 @@
+"""Loading and saving: external data, large models (threshold lowered), atomic writes."""
+import numpy as np
+import onnx
+import pytest
+
+import motifs
+import qdqgraph
+from qdqgraph import io
+from qdqgraph.errors import QdqError
+
+
+def test_large_model_saved_with_external_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD", 1000)  # stands in for 2 GB
+    m = motifs.residual_add()
+    result = qdqgraph.quantize(m, motifs.sample_data(m))
+    written = io.save(result.model, tmp_path / "big.onnx")
+    assert [p.name for p in written] == ["big.onnx", "big.onnx.data"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]
+    loaded = onnx.load(tmp_path / "big.onnx")
+    onnx.checker.check_model(str(tmp_path / "big.onnx"), full_check=True)
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(tmp_path / "big.onnx"))
+    x = motifs.sample_data(m)["x"][0]
+    ref = ort.InferenceSession(result.model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], ref)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(tmp_path / "big.onnx", load_external_data=False).graph.initializer)
+    del loaded
+
+
+def test_model_with_external_data_is_read_and_quantized(tmp_path, monkeypatch):
+    m = motifs.residual_add()
+    src = tmp_path / "ext.onnx"
+    onnx.save(m, src, save_as_external_data=True, location="ext.weights", size_threshold=0)
+    result = qdqgraph.quantize(src, motifs.sample_data(m))
+    assert sum(n.op_type == "DequantizeLinear" for n in result.model.graph.node) == 8
+    monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD", 1000)
+    out = io.save(result.model, tmp_path / "ext.qdq.onnx", protect=(src, tmp_path / "ext.weights"))
+    assert (tmp_path / "ext.weights").exists() and out[1].name == "ext.qdq.onnx.data"
+
+
+def test_save_never_overwrites_input(tmp_path):
+    m = motifs.conv_relu()
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    before = p.read_bytes()
+    with pytest.raises(QdqError, match="refusing to overwrite the input"):
+        io.save(m, p, protect=(p,))
+    assert p.read_bytes() == before
+
+
+def test_failed_save_leaves_no_temp(tmp_path, monkeypatch):
+    m = motifs.conv_relu()
+
+    def broken(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(onnx, "save", broken)
+    with pytest.raises(QdqError, match="No space left"):
+        io.save(m, tmp_path / "o.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dynamic_dims_kept_symbolic(tmp_path):
+    m = motifs.attention()
+    out = qdqgraph.quantize(m, motifs.sample_data(m)).model
+    dims = out.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "b" and dims[1].dim_value == 8
