@@ -135,7 +135,9 @@ class CalibrationData:
             arr = self.arrays[spec.name]
             stacked, _ = self.views[spec.name]
             x = arr[i] if stacked else arr[i:i + 1] if arr.ndim else arr
-            x = np.ascontiguousarray(x)
+            x = np.asarray(x)  # (np.ascontiguousarray would turn a scalar sample into shape [1])
+            if not x.flags.c_contiguous:
+                x = x.copy()
             check_sample(spec, x)
             out[spec.name] = x
         return out

@@ -30,7 +30,9 @@ def fold_constants(graph: gs.Graph) -> FoldResult:
     severity = log.severity
     try:  # graphsurgeon logs each op it cannot evaluate; what stays unfolded is reported instead
         log.severity = log.ERROR
-        graph.fold_constants(fold_shapes=True, recurse_subgraphs=True, size_threshold=FOLD_SIZE_LIMIT)
+        # flatten_subgraphs=False: inlining If branches broke the outputs of If nodes (silero-vad)
+        graph.fold_constants(fold_shapes=True, recurse_subgraphs=True, flatten_subgraphs=False,
+                             size_threshold=FOLD_SIZE_LIMIT)
     finally:
         log.severity = severity
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
