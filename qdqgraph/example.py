@@ -21,7 +21,7 @@ class _Builder:
         return name
 
     def conv_bn(self, x, name, cin, cout, k, stride=1, relu=True):
-        w = self.rng.standard_normal((cout, cin, k, k)).astype(np.float32) * np.sqrt(2.0 / (cin * k * k))
+        w = (self.rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
         self.nodes.append(helper.make_node("Conv", [x, self.const(f"{name}.weight", w)], [f"{name}_conv"],
                                            name=f"{name}/Conv", kernel_shape=[k, k], strides=[stride, stride],
                                            pads=[k // 2] * 4))

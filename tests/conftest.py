@@ -22,10 +22,3 @@ def golden():
         assert text + "\n" == path.read_text()
     return check
 
-# TEMPORARY until qdqgraph/calib/methods.py lands
-if not (HERE.parent / "qdqgraph" / "calib" / "methods.py").exists():
-    import types
-    import numpy as np
-    _m = types.ModuleType("qdqgraph.calib.methods")
-    _m.safe_scale = lambda a: np.float32(a / 127 if a > 2 ** -24 and np.isfinite(a) else 1 / 127)
-    sys.modules["qdqgraph.calib.methods"] = _m
