@@ -8,19 +8,20 @@ The histogram
 -------------
 `num_bins` bins (default 2048, as TensorRT and PyTorch's toolkit use) of equal width `width`,
 covering `[0, width * num_bins]`. Bin k counts the values with `k*width <= |x| < (k+1)*width`
-(computed as `floor(|x| * (1/width))`, see below).
+(up to float rounding at the edges: it is computed as `floor(|x| * (1/width))`, see below).
 
-* The first batch sets the range to `[0, max|x|]`, as TensorRT's histogram calibrator does. The
-  width is nudged up by an ulp or two when needed so that the maximum itself falls inside the last
-  bin. A range below 2**-24 (all zeros, or all tiny) is widened to `[0, 2**-24]`: 2**-24 is the
-  amax under which a tensor counts as all-zero (`methods.ZERO_RANGE_EPS`, TRT_RULES C3), so nothing
-  is lost, and a positive width keeps the arithmetic finite.
+* The first batch sets the range to `[0, max|x|]`, as TensorRT's histogram calibrator does (the
+  width is nudged up by a float32 ulp or two when rounding would put the maximum just past the
+  last bin). A range below 2**-24 (all zeros, or all tiny) is widened to `[0, 2**-24]`: 2**-24 is
+  the amax under which a tensor counts as all-zero (`methods.ZERO_RANGE_EPS`, TRT_RULES C3), so
+  nothing is lost, and a positive width keeps the arithmetic finite.
 * A later batch that goes past the range grows it. PyTorch's toolkit appends bins of the same
-  width (TRT_RULES K3); to keep memory flat we append too, but whenever that would take the
-  histogram past `num_bins` bins we merge adjacent bins instead (sum pairs, double the width)
-  until the range covers the new maximum. So the histogram is always `num_bins` bins over
-  `width * num_bins`, the width doubling as needed; after growth the data fills more than half of
-  the bins (the upper bins stay empty until data reaches them).
+  width (TRT_RULES K3), so its histogram gets longer with every growth. To keep memory flat we
+  never go past `num_bins` bins: since the first batch already uses all of them, growth merges
+  adjacent bins instead (sum pairs, double the width), as often as needed to cover the new
+  maximum. So the histogram is always `num_bins` bins over `width * num_bins`, the width doubling
+  as needed; after growth the data fills more than half of the bins (the upper bins stay empty
+  until data reaches them, and the methods only look at bins up to the last non-empty one).
 
 Exactness. Indices are `floor(|x| * inv)` with `inv = 1/width` rounded once to the working float
 type (float32 for float32/float16 data, float64 otherwise). Doubling the width halves `inv`
@@ -30,8 +31,9 @@ not depend on how its data was cut into batches once the final width is the same
 `merge()` of two runs with equal widths (or widths a power of two apart) is exact.
 
 Speed: `update` is abs, max, one multiply, a float->int32 cast and `np.bincount`, with no
-`np.histogram`. Measured on this machine (2 CPUs, numpy 2.x): 1.8 ms per update for a
-1x256x56x56 float32 tensor (802,816 values) and 12 us for a 1x2048 float32 tensor.
+`np.histogram` (which took 5 ms for the same work). Measured on the development machine (2 shared
+CPUs; min / median of 100+ calls): 1.45 / 1.6 ms per update for a 1x256x56x56 float32 tensor
+(802,816 values) and 16 / 17 us for a 1x2048 float32 tensor.
 """
 from __future__ import annotations
 
@@ -117,7 +119,7 @@ class RangeState:
         np.multiply(y, inv, out=y)
         idx = y.astype(np.int32 if self.num_bins < 2 ** 31 else np.int64)
         hist = np.bincount(idx, minlength=self.num_bins)
-        if hist.size > self.num_bins:    # cannot happen (see _fit); kept as a cheap guard
+        if hist.size > self.num_bins:    # cannot happen (see _fits); kept as a cheap guard
             hist[self.num_bins - 1] += hist[self.num_bins:].sum()
             hist = hist[:self.num_bins]
         self.counts += hist
@@ -127,18 +129,20 @@ class RangeState:
     def _inv(self, ftype):
         return ftype(1.0 / self.width)
 
-    def _top_index(self, m: float, ftype) -> float:
-        # the same float arithmetic as the binning itself, so the check matches the indices
-        return math.floor(float(ftype(m) * self._inv(ftype)))
+    def _fits(self, m: float, ftype) -> bool:
+        """Does `m` land in a bin < num_bins? Uses the binning's own float arithmetic, so the
+        answer matches the indices `update` computes (an overflow to inf means no)."""
+        with np.errstate(over="ignore"):
+            return float(ftype(m) * self._inv(ftype)) < self.num_bins
 
     def _fit(self, m: float, ftype):
         """Make the range hold `m` (setting it on first use, growing it after); return 1/width."""
         if self.width == 0.0:
             self.width = max(m, MIN_RANGE) / self.num_bins
-            while self._top_index(m, ftype) >= self.num_bins:   # rounding put m on the top edge
+            while not self._fits(m, ftype):   # rounding put m on the top edge
                 self.width *= 1.0 + 2.0 ** -22                   # > 1 ulp of float32: 1-2 steps
         else:
-            while self._top_index(m, ftype) >= self.num_bins:
+            while not self._fits(m, ftype):
                 self._double()
         return self._inv(ftype)
 
