@@ -84,8 +84,7 @@ def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = "max", batch_s
     else:
         arrays = read_arrays(calib, inputs)
     data = CalibrationData(arrays, inputs, samples)
-    float_model = io.to_model(_copy_loaded(loaded))
-    got = collect(float_model, groups, data, method=method, batch_size=batch_size, providers=providers,
+    got = collect(loaded, groups, data, method=method, batch_size=batch_size, providers=providers,
                   progress=progress)
     if report is not None:
         report.samples = got.samples

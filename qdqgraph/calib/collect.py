@@ -1,8 +1,13 @@
 """Run the float model through onnxruntime and reduce each planned tensor into running state.
 
-Only the tensors the plan quantizes become extra outputs of one session; each batch is reduced at
-once and dropped, so memory does not grow with the number of samples. Tensors that must share one
-scale (a Concat group) feed one state.
+Only the tensors the plan quantizes are observed, and most of the reduction runs inside the
+onnxruntime session itself: for each tensor the calibration graph adds `ReduceMax(Abs(x))`, and,
+for the histogram methods, the bin index `Cast(Abs(x) * inv_width)` (truncation = floor for |x| >= 0) with
+`inv_width` fed as an input each run. Python then only counts indices (`np.bincount`). When a
+batch goes past a tensor's histogram range the range grows and that batch is run once more for
+the tensors that grew (this happens in the first few batches; later ones fit). Each batch is
+reduced at once and dropped, so memory does not grow with the number of samples. Tensors that
+must share one scale (a Concat group) feed one state.
 """
 from __future__ import annotations
 
@@ -12,10 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 
 from .. import io
 from ..data import CalibrationData
 from ..errors import QdqError
+from .histogram import RangeState
 
 
 class MaxState:
@@ -27,20 +34,21 @@ class MaxState:
         self.amax = 0.0
         self.count = 0
 
-    def update(self, x: np.ndarray) -> None:
-        if x.size:
-            m = float(np.max(np.abs(x)))
-            if not np.isfinite(m):
-                raise ValueError("non-finite values")
-            self.amax = max(self.amax, m)
-            self.count += x.size
+    def add(self, amax: float, n: int) -> None:
+        self.amax = max(self.amax, float(amax))
+        self.count += int(n)
+
+    def to_dict(self) -> dict:
+        return {"format": "qdqgraph-max-state", "amax": self.amax, "count": self.count}
+
+    def merge(self, other: "MaxState") -> "MaxState":
+        out = MaxState()
+        out.amax, out.count = max(self.amax, other.amax), self.count + other.count
+        return out
 
 
 def new_state(method: str):
-    if method == "max":
-        return MaxState()
-    from .histogram import RangeState
-    return RangeState()
+    return MaxState() if method == "max" else RangeState()
 
 
 @dataclass
@@ -48,7 +56,7 @@ class Collected:
     states: dict[str, object]          # group representative -> state
     samples: int
     seconds: float
-    batches: int = 0
+    runs: int = 0                      # onnxruntime runs, reruns for range growth included
     providers: list[str] = field(default_factory=list)
 
 
@@ -56,8 +64,8 @@ def _session(model: onnx.ModelProto, providers: list[str]):
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    blob = io.session_bytes(model)
     try:
+        blob = io.session_bytes(model)
         if blob is not None:
             return ort.InferenceSession(blob, opts, providers=providers)
         with tempfile.TemporaryDirectory() as d:
@@ -68,34 +76,148 @@ def _session(model: onnx.ModelProto, providers: list[str]):
                        "check that the model runs in onnxruntime, or pass --calib-cache") from e
 
 
-def collect(model: onnx.ModelProto, groups: dict[str, list[str]], data: CalibrationData,
+@dataclass
+class _Probe:
+    tensor: str
+    amax_out: str
+    index_out: str | None = None
+    inv_in: str | None = None
+
+
+def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool) -> tuple[gs.Graph, list[_Probe]]:
+    """A copy of `graph` that also outputs max|x| of each tensor and, with `histogram`, its bin
+    indices at a width fed through an extra input."""
+    g = graph.copy()
+    existing = g.tensors()
+    probes = []
+    for i, name in enumerate(tensors):
+        t = existing[name]
+        a = g.layer(op="Abs", name=f"qdqgraph_calib_abs_{i}", inputs=[t],
+                    outputs=[gs.Variable(f"qdqgraph_calib_abs_{i}", dtype=np.float32)])[0]
+        amax = g.layer(op="ReduceMax", name=f"qdqgraph_calib_amax_{i}", inputs=[a], attrs={"keepdims": 0},
+                       outputs=[gs.Variable(f"qdqgraph_calib_amax_{i}", dtype=np.float32, shape=[])])[0]
+        g.outputs.append(amax)
+        probe = _Probe(name, amax.name)
+        if histogram:
+            inv = gs.Variable(f"qdqgraph_calib_inv_{i}", dtype=np.float32, shape=[])
+            g.inputs.append(inv)
+            # no clipping: a value past the range means the range grows and the batch is rerun,
+            # so indices of a batch that did not fit are never counted
+            scaled = g.layer(op="Mul", name=f"qdqgraph_calib_scale_{i}", inputs=[a, inv],
+                             outputs=[gs.Variable(f"qdqgraph_calib_scaled_{i}", dtype=np.float32)])[0]
+            idx = g.layer(op="Cast", name=f"qdqgraph_calib_index_{i}", inputs=[scaled],
+                          attrs={"to": onnx.TensorProto.INT32},
+                          outputs=[gs.Variable(f"qdqgraph_calib_index_{i}", dtype=np.int32)])[0]
+            g.outputs.append(idx)
+            probe.index_out, probe.inv_in = idx.name, inv.name
+        probes.append(probe)
+    return g, probes
+
+
+def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData,
             method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
             progress=None) -> Collected:
     """Reduce every tensor of `groups` (representative -> member tensors) over all samples."""
     providers = providers or ["CPUExecutionProvider"]
     tensors = sorted({t for members in groups.values() for t in members})
     owner = {t: rep for rep, members in groups.items() for t in members}
-    sess = _session(io.with_outputs(model, tensors), providers)
+    histogram = method != "max"
+    graph, probes = calibration_graph(loaded.graph, tensors, histogram)
+    shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
+    sess = _session(io.to_model(shell), providers)
     states = {rep: new_state(method) for rep in groups}
-    wanted = [t for t in tensors]
     start = time.perf_counter()
-    seen = batches = 0
-    for feed in data.batches(batch_size):
+
+    def sized(batches):
+        for feed in batches:
+            yield feed, (int(np.shape(next(iter(feed.values())))[0])
+                         if batch_size > 1 and data.batchable() else 1)
+
+    if histogram:
+        seen, runs = _collect_histograms(sess, probes, owner, states, sized(data.batches(batch_size)), progress)
+    else:
+        seen = runs = 0
+        amax_names = [p.amax_out for p in probes]
+        for feed, n in sized(data.batches(batch_size)):
+            for p, v in zip(probes, _run(sess, amax_names, feed, seen)):
+                _check(v, p.tensor, seen)
+                states[owner[p.tensor]].add(v, 0)
+            runs += 1
+            seen += n
+            if progress is not None:
+                progress(n)
+    return Collected(states, seen, time.perf_counter() - start, runs, list(sess.get_providers()))
+
+
+def _check(amax, tensor, sample):
+    if not np.isfinite(amax):
+        raise QdqError(f"tensor '{tensor}' became NaN or Inf on calibration sample {sample}",
+                       "check the calibration data and the float model's numerics")
+
+
+def _first_ranges(sess, probes, owner, states, feed, sample) -> None:
+    """Set each empty state's range from one batch's maxima (the index graph needs a width)."""
+    full = dict(feed)
+    for p in probes:
+        full[p.inv_in] = np.array(0.0, dtype=np.float32)
+    for p, a in zip(probes, sess.run([p.amax_out for p in probes], full)):
+        _check(a, p.tensor, sample)
+        st = states[owner[p.tensor]]
+        if st.width == 0.0:
+            st.prepare(float(a))
+
+
+def _reduce(probes, owner, states, out, widths, sample) -> None:
+    """Count one batch's bin indices into the states (runs on the worker thread)."""
+    amaxes, indices = out[:len(probes)], out[len(probes):]
+    for p, a, idx in zip(probes, amaxes, indices):
+        _check(a, p.tensor, sample)
+        st = states[owner[p.tensor]]
+        w = widths[p.tensor]
+        if float(a) / w >= 2.0 ** 30:  # the int32 cast in the graph would have overflowed
+            raise QdqError(f"tensor '{p.tensor}' jumped from a range of {w * st.num_bins:.3g} to "
+                           f"{float(a):.3g} on calibration sample {sample}",
+                           "check the calibration data for outliers")
+        st.add_counts(np.bincount(idx.reshape(-1), minlength=st.num_bins), float(a), idx.size, w)
+
+
+def _collect_histograms(sess, probes, owner, states, batches, progress) -> tuple[int, int]:
+    """Run the batches; counting batch k's indices (a worker thread) overlaps running batch k+1
+    in onnxruntime, which releases the GIL. Returns (samples, runs)."""
+    from concurrent.futures import ThreadPoolExecutor
+    seen = runs = 0
+    pending = None
+    names = [p.amax_out for p in probes] + [p.index_out for p in probes]
+    with ThreadPoolExecutor(max_workers=1) as pool:
         try:
-            values = sess.run(wanted, feed)
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise QdqError(f"onnxruntime failed on calibration sample {seen} ({first})",
-                           "check that the data fits the model's inputs") from e
-        for name, v in zip(wanted, values):
-            try:
-                states[owner[name]].update(v)
-            except ValueError:
-                raise QdqError(f"tensor '{name}' became NaN or Inf on calibration sample {seen}",
-                               "check the calibration data and the float model's numerics") from None
-        n = next(iter(feed.values())).shape[0] if batch_size > 1 and data.batchable() else 1
-        seen += n
-        batches += 1
-        if progress is not None:
-            progress(n)
-    return Collected(states, seen, time.perf_counter() - start, batches, list(sess.get_providers()))
+            for feed, n in batches:
+                if seen == 0:
+                    _first_ranges(sess, probes, owner, states, feed, seen)
+                    runs += 1
+                # widths may be stale by a doubling or two while the worker counts the last batch;
+                # add_counts folds counts binned at a narrower width exactly
+                widths = {p.tensor: states[owner[p.tensor]].width for p in probes}
+                full = dict(feed)
+                for p in probes:
+                    full[p.inv_in] = np.array(1.0 / widths[p.tensor], dtype=np.float32)
+                out = _run(sess, names, full, seen)
+                runs += 1
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(_reduce, probes, owner, states, out, widths, seen)
+                seen += n
+                if progress is not None:
+                    progress(n)
+        finally:
+            if pending is not None:
+                pending.result()
+    return seen, runs
+
+
+def _run(sess, names, feed, sample):
+    try:
+        return sess.run(names, feed)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QdqError(f"onnxruntime failed on calibration sample {sample} ({first})",
+                       "check that the data fits the model's inputs") from e

@@ -46,6 +46,12 @@ MIN_RANGE = 2.0 ** -24          # narrowest histogram range (see the module docs
 _FORMAT = "qdqgraph-range-state"
 
 
+def _pair_sum(h: np.ndarray) -> np.ndarray:
+    if h.size % 2:
+        h = np.append(h, 0)
+    return h.reshape(-1, 2).sum(axis=1)
+
+
 class RangeState:
     """Running max |x|, value count and |x| histogram of one tensor or one shared-scale group."""
 
@@ -125,6 +131,32 @@ class RangeState:
         self.counts += hist
         self.count += int(a.size)
         self.amax = max(self.amax, float(m))
+
+    def prepare(self, m: float) -> np.float32:
+        """Make the range hold max |x| = `m` (set on first use, grown after) and return the float32
+        1/width with which callers that bin values themselves (onnxruntime, in the calibration
+        graph) compute `floor(|x| * inv)`: the same arithmetic as `update`."""
+        if not math.isfinite(m):
+            raise ValueError("non-finite values in calibration data")
+        return self._fit(float(m), np.float32)
+
+    def add_counts(self, hist: np.ndarray, amax: float, n: int, width: float) -> None:
+        """Add a histogram that was binned outside (by onnxruntime) at `width`, this state's width at
+        the time, with the float32 arithmetic of `prepare`. `hist` may be longer than `num_bins`
+        when the data went past the range: the range then grows by pair-merging bins, which is
+        exact (floor(y/2) == floor(floor(y)/2)), so the result equals binning at the final width."""
+        if width <= 0.0 or not math.isfinite(amax):
+            raise ValueError("add_counts needs the positive width the counts were binned at")
+        h = np.asarray(hist, dtype=np.int64)
+        while width < self.width:            # another member of a shared group grew the range
+            h = _pair_sum(h)
+            width *= 2.0
+        while h.size > self.num_bins:
+            self._double()
+            h = _pair_sum(h)
+        self.counts[:h.size] += h
+        self.count += int(n)
+        self.amax = max(self.amax, float(amax))
 
     def _inv(self, ftype):
         return ftype(1.0 / self.width)

@@ -1,0 +1,150 @@
+"""Float against quantized, through onnxruntime: per-output agreement and per-tensor SQNR.
+
+`compare(float_model, quant_model, data)` runs both models on the same samples. For every output
+it gives cosine similarity, SQNR (dB), max abs error and, where the output looks like logits,
+top-1 agreement. For every tensor that is quantized in the Q/DQ model and present in the float
+model, it gives the SQNR of the dequantized tensor against the float one, so the layer where the
+error jumps can be named.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from . import io
+from .data import CalibrationData
+from .ops import DEQUANTIZE, QUANTIZE
+from .pipeline import model_inputs
+
+
+@dataclass
+class Agreement:
+    name: str
+    cosine: float
+    sqnr_db: float
+    max_abs_error: float
+    top1: float | None = None
+
+
+@dataclass
+class Comparison:
+    samples: int
+    outputs: list[Agreement] = field(default_factory=list)
+    tensors: list[Agreement] = field(default_factory=list)   # in topological order
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def worst_tensors(self, k: int = 5) -> list[Agreement]:
+        return sorted(self.tensors, key=lambda a: a.sqnr_db)[:k]
+
+    def table(self, k: int = 10) -> str:
+        lines = [f"float vs quantized on {self.samples} samples"]
+        for a in self.outputs:
+            t1 = f", top-1 agreement {a.top1:.3f}" if a.top1 is not None else ""
+            lines.append(f"  output {a.name}: cosine {a.cosine:.4f}, SQNR {a.sqnr_db:.1f} dB, "
+                         f"max abs error {a.max_abs_error:.3g}{t1}")
+        if self.tensors:
+            lines.append(f"  lowest SQNR among {len(self.tensors)} quantized tensors:")
+            for a in self.worst_tensors(k):
+                lines.append(f"    {a.sqnr_db:6.1f} dB  cosine {a.cosine:.4f}  {a.name}")
+        return "\n".join(lines)
+
+
+class _Acc:
+    """Running sums for cosine and SQNR over samples."""
+
+    def __init__(self):
+        self.dot = self.ff = self.qq = self.err = 0.0
+        self.max_err = 0.0
+        self.top1_hits = self.top1_n = 0
+
+    def add(self, f: np.ndarray, q: np.ndarray, logits: bool):
+        f64, q64 = f.astype(np.float64).ravel(), q.astype(np.float64).ravel()
+        self.dot += float(f64 @ q64)
+        self.ff += float(f64 @ f64)
+        self.qq += float(q64 @ q64)
+        d = f64 - q64
+        self.err += float(d @ d)
+        self.max_err = max(self.max_err, float(np.abs(d).max()) if d.size else 0.0)
+        if logits and f.ndim >= 1 and f.shape[-1] > 1:
+            fa, qa = f.reshape(-1, f.shape[-1]).argmax(-1), q.reshape(-1, q.shape[-1]).argmax(-1)
+            self.top1_hits += int((fa == qa).sum())
+            self.top1_n += fa.size
+
+    def result(self, name: str) -> Agreement:
+        cos = self.dot / (np.sqrt(self.ff * self.qq) + 1e-30) if self.ff and self.qq else (1.0 if self.ff == self.qq else 0.0)
+        sqnr = 10 * np.log10(self.ff / self.err) if self.err > 0 else float("inf")
+        return Agreement(name, float(cos), float(sqnr), self.max_err,
+                         self.top1_hits / self.top1_n if self.top1_n else None)
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    blob = io.session_bytes(model)
+    if blob is not None:
+        return ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory() as d:
+        return ort.InferenceSession(io.save_temp(model, d), opts, providers=["CPUExecutionProvider"])
+
+
+def quantized_tensor_pairs(quant: gs.Graph, float_graph: gs.Graph) -> list[tuple[str, str]]:
+    """(float tensor, its dequantized twin in the Q/DQ model) for activations quantized in `quant`
+    whose name exists in `float_graph`, in topological order."""
+    quant.toposort()
+    present = float_graph.tensors()
+    pairs = []
+    for n in quant.nodes:
+        if n.op == QUANTIZE and n.inputs[0].name in present and not isinstance(n.inputs[0], gs.Constant):
+            for c in n.outputs[0].outputs:
+                if c.op == DEQUANTIZE:
+                    pairs.append((n.inputs[0].name, c.outputs[0].name))
+                    break
+    return pairs
+
+
+def _looks_like_logits(shape) -> bool:
+    return shape is not None and len(shape) >= 2 and isinstance(shape[-1], int) and shape[-1] > 1
+
+
+def compare(float_model, quant_model, data: CalibrationData | None = None, calib=None,
+            samples: int | None = None, tensors: bool = True) -> Comparison:
+    """Run both models over `data` (or `calib`, read like calibration data) and compare."""
+    from .data import read_arrays
+    f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
+    if data is None:
+        inputs = model_inputs(f_loaded.graph)
+        data = CalibrationData(read_arrays(calib, inputs), inputs, samples)
+    pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph) if tensors else []
+    f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
+    outs = [t.name for t in f_graph.outputs]
+    shapes = {t.name: t.shape for t in f_graph.outputs}
+    ft, qt = f_graph.tensors(), q_graph.tensors()
+    for fname, qname in pairs:
+        if ft[fname] not in f_graph.outputs:
+            f_graph.outputs.append(ft[fname])
+        q_graph.outputs.append(qt[qname])
+    f_sess = _session(io.to_model(io.Loaded(graph=f_graph, ir_version=f_loaded.ir_version)))
+    q_sess = _session(io.to_model(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version)))
+    f_names = outs + [f for f, _ in pairs]
+    q_names = outs + [q for _, q in pairs]
+    out_acc = {o: _Acc() for o in outs}
+    t_acc = {f: _Acc() for f, _ in pairs}
+    n = 0
+    for feed in data.batches(1):
+        fv = dict(zip(f_names, f_sess.run(f_names, feed)))
+        qv = q_sess.run(q_names, feed)
+        for o, q in zip(outs, qv[:len(outs)]):
+            if np.issubdtype(fv[o].dtype, np.floating):
+                out_acc[o].add(fv[o], q, _looks_like_logits(shapes[o]))
+        for (f, _), q in zip(pairs, qv[len(outs):]):
+            t_acc[f].add(fv[f], q, False)
+        n += 1
+    return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
+                      [t_acc[f].result(f) for f, _ in pairs])
