@@ -81,19 +81,6 @@ def _output_path(args, suffix_default) -> Path:
     return out
 
 
-def _write_json_atomic(path: Path, text: str) -> None:
-    import os
-    import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _run_insert(args) -> int:
     from . import io
     from .pipeline import default_output, quantize
@@ -117,7 +104,7 @@ def _run_insert(args) -> int:
     written = io.save(result.model, out, protect=(Path(args.model),))
     result.report.output = str(written[0])
     if args.report:
-        _write_json_atomic(Path(args.report), result.report.to_json())
+        io.write_text_atomic(Path(args.report), result.report.to_json())
     if not args.quiet:
         print(result.report.summary())
     return 0

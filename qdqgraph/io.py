@@ -279,3 +279,37 @@ def save_temp(model: onnx.ModelProto, folder: str) -> str:
     p = Path(folder) / "model.onnx"
     _write_external(model, p, "model.data")
     return str(p)
+
+
+def write_text_atomic(path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            mode = os.stat(path).st_mode & 0o7777       # keep an existing file's permissions
+        except FileNotFoundError:
+            mode = 0o644                                # mkstemp's 0600 is too strict for a cache
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:                                               # make the rename itself durable (POSIX)
+        dfd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)

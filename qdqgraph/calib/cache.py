@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import struct
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
 from .methods import INT8_MAX, safe_scale
+
+from .. import io
 
 JSON_FORMAT = "qdqgraph-calib"
 JSON_VERSION = 1
@@ -72,40 +71,6 @@ def _check_amax(name, amax) -> float:
     return a + 0.0                               # -0.0 -> 0.0
 
 
-def _atomic_write(path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            mode = os.stat(path).st_mode & 0o7777       # keep an existing file's permissions
-        except FileNotFoundError:
-            mode = 0o644                                # mkstemp's 0600 is too strict for a cache
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:                                               # make the rename itself durable (POSIX)
-        dfd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
 def _read_text(path) -> str:
     try:
         with open(path, encoding="utf-8", newline="") as f:
@@ -130,7 +95,7 @@ def write_json(path, amaxes: dict, method: str, samples: int) -> None:
         raise ValueError(f"samples must be a non-negative integer, got {samples!r}")
     doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "tool_version": str(__version__),
            "method": str(method), "samples": int(samples), "tensors": tensors}
-    _atomic_write(path, json.dumps(doc, indent=1, allow_nan=False, ensure_ascii=False) + "\n")
+    io.write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False, ensure_ascii=False) + "\n")
 
 
 def _json_line(text: str, key: str | None) -> int:
@@ -195,7 +160,7 @@ def write_tensorrt(path, amaxes: dict, algo: str = "EntropyCalibration2", trt_ve
             raise ValueError(f"amax of tensor {name!r} ({a!r}) overflows a float32 scale")
         scale = np.float32(a / INT8_MAX)
         lines.append(f"{name}: {scale_to_hex(scale)}")
-    _atomic_write(path, "\n".join(lines) + "\n")
+    io.write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def read_tensorrt(path) -> dict[str, float]:
