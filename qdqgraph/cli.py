@@ -25,11 +25,7 @@ def _add_insert(sub):
     p.add_argument("--percentile", type=float, default=99.99, help="for --method percentile (default 99.99)")
     p.add_argument("--batch-size", type=int, default=1, help="samples per onnxruntime run (dynamic batch only)")
     p.add_argument("--samples", type=int, help="use only the first N samples")
-    p.add_argument("--rules", action="append", default=[], metavar="FILE", help="extra placement rules (TOML)")
-    p.add_argument("--exclude-op", action="append", default=[], metavar="TYPE", help="never quantize this op type")
-    p.add_argument("--exclude-node", action="append", default=[], metavar="REGEX", help="never quantize matching nodes")
-    p.add_argument("--include-node", action="append", default=[], metavar="REGEX",
-                   help="quantize matching nodes even where a default (advisory) rule would skip them")
+    _add_selection(p)
     p.add_argument("--weights", default="int8", choices=["int8", "qdq"],
                    help="int8: INT8 initializer + DequantizeLinear (default); qdq: float weight + Q->DQ")
     p.add_argument("--providers", default="cpu", help="onnxruntime providers for calibration, e.g. cuda,cpu")
@@ -37,6 +33,37 @@ def _add_insert(sub):
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.set_defaults(run=_run_insert)
+
+
+def _add_selection(p):
+    p.add_argument("--rules", action="append", default=[], metavar="FILE", help="extra placement rules (TOML)")
+    p.add_argument("--exclude-op", action="append", default=[], metavar="TYPE", help="never quantize this op type")
+    p.add_argument("--exclude-node", action="append", default=[], metavar="REGEX", help="never quantize matching nodes")
+    p.add_argument("--include-node", action="append", default=[], metavar="REGEX",
+                   help="quantize matching nodes even where a default (advisory) rule would skip them")
+
+
+def _add_calibrate(sub):
+    p = sub.add_parser("calibrate", help="calibrate only: write a calibration cache (or shard state)",
+                       description="Calibrate the tensors qdqgraph would quantize and write their ranges "
+                                   "as a qdqgraph JSON or TensorRT calibration cache. Split large data with "
+                                   "--shard I/N (writes state) and combine with --merge.")
+    p.add_argument("model", nargs="?", help="float ONNX model (not needed with --merge)")
+    p.add_argument("-o", "--output", required=True, help="cache (or state) file to write")
+    p.add_argument("--calib", help="calibration data, as for insert")
+    p.add_argument("--method", default="max", choices=["max", "entropy", "percentile", "mse"])
+    p.add_argument("--percentile", type=float, default=99.99)
+    p.add_argument("--format", choices=["json", "tensorrt", "state"],
+                   help="json (default), tensorrt (calibration-cache text), state (histograms, mergeable)")
+    p.add_argument("--shard", metavar="I/N", help="calibrate only shard I of N of the samples; writes state")
+    p.add_argument("--merge", nargs="+", metavar="STATE", help="merge state files from --shard runs")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--samples", type=int)
+    p.add_argument("--providers", default="cpu")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    _add_selection(p)
+    p.set_defaults(run=_run_calibrate)
 
 
 def _add_example(sub):
@@ -96,11 +123,14 @@ def _run_insert(args) -> int:
     if args.calib is None and args.calib_cache is None:
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz, --calib-cache FILE, or --calib random (scales then mean nothing)")
+    progress = _progress(args)
     result = quantize(args.model, args.calib, method=args.method, rules=args.rules,
                       exclude_ops=args.exclude_op, exclude_nodes=args.exclude_node,
                       include_nodes=args.include_node, weights=args.weights, batch_size=args.batch_size,
                       samples=args.samples, providers=_providers(args.providers), percentile=args.percentile,
-                      calib_cache=args.calib_cache)
+                      calib_cache=args.calib_cache, progress=progress)
+    if progress is not None:
+        progress.close()
     written = io.save(result.model, out, protect=(Path(args.model),))
     result.report.output = str(written[0])
     if args.report:
@@ -108,6 +138,104 @@ def _run_insert(args) -> int:
     if not args.quiet:
         print(result.report.summary())
     return 0
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise QdqError(f"--shard {text!r} is not I/N", "write e.g. --shard 2/4") from None
+    if not (1 <= i <= n):
+        raise QdqError(f"--shard {text}: I must be between 1 and N", "write e.g. --shard 2/4")
+    return i, n
+
+
+def _write_cache(path: Path, amax_by_group: dict, groups: dict, fmt: str, method: str, samples: int) -> None:
+    from .calib import cache
+    per_tensor = {t: amax_by_group[rep] for rep, members in groups.items() for t in members}
+    if fmt == "tensorrt":
+        algo = "EntropyCalibration2" if method == "entropy" else "MinMaxCalibration"
+        cache.write_tensorrt(path, per_tensor, algo=algo)
+    else:
+        cache.write_json(path, per_tensor, method, samples)
+
+
+def _run_calibrate(args) -> int:
+    from .calib.states import merge_state_files, save_states
+    from .pipeline import amax_from_states, calibrate, model_id, prepare
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise QdqError(f"{out} exists", "pass --force to overwrite it, or choose another output with -o")
+    if args.model and out.resolve() == Path(args.model).resolve():
+        raise QdqError(f"the output {out} is the input model", "choose another output with -o")
+    if args.merge:
+        if args.shard or args.calib:
+            raise QdqError("--merge combines saved shards; it takes no --calib or --shard", "drop them")
+        doc = merge_state_files(args.merge)
+        fmt = args.format or "json"
+        if fmt == "state":
+            save_states(out, doc["states"], doc["groups"], doc["samples"], doc["model"])
+        else:
+            amax = amax_from_states(doc["states"], args.method, args.percentile)
+            _write_cache(out, amax, doc["groups"], fmt, args.method, doc["samples"])
+        if not args.quiet:
+            print(f"merged {len(args.merge)} shards ({doc['samples']} samples, {len(doc['groups'])} scale groups); wrote {out}")
+        return 0
+    if not args.model:
+        raise QdqError("no model given", "pass MODEL.onnx (or --merge STATE...)")
+    if not args.calib:
+        raise QdqError("no calibration data given", "pass --calib DATA.npz")
+    shard = _parse_shard(args.shard) if args.shard else None
+    fmt = args.format or ("state" if shard else "json")
+    if shard and fmt != "state":
+        raise QdqError("--shard writes calibration state, to be merged", "drop --format, or use --format state")
+    loaded, plan = prepare(args.model, rules=args.rules, exclude_ops=args.exclude_op,
+                           exclude_nodes=args.exclude_node, include_nodes=args.include_node)
+    groups = plan.groups()
+    progress = _progress(args)
+    try:
+        if fmt == "state":
+            got = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
+                            _providers(args.providers), shard=shard, keep_states=True, progress=progress)
+            save_states(out, got.states, groups, got.samples, model_id(args.model),
+                        shard=args.shard)
+            samples, seconds = got.samples, got.seconds
+        else:
+            from .report import InsertReport
+            rep = InsertReport()
+            amax = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
+                             _providers(args.providers), args.percentile, report=rep, progress=progress)
+            _write_cache(out, amax, groups, fmt, args.method, rep.samples)
+            samples, seconds = rep.samples, rep.calibration_seconds
+    finally:
+        if progress is not None:
+            progress.close()
+    if not args.quiet:
+        print(f"calibrated {len(groups)} scale groups over {samples} samples in {seconds:.1f} s; wrote {out}")
+    return 0
+
+
+class _Progress:
+    """A tqdm bar on a terminal; nothing otherwise."""
+
+    def __init__(self, total: int | None = None):
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, unit="sample", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def __call__(self, n: int) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress(args):
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+        return None
+    try:
+        return _Progress()
+    except ImportError:
+        return None
 
 
 def _run_example(args) -> int:
@@ -143,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"qdqgraph {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
     _add_insert(sub)
+    _add_calibrate(sub)
     _add_example(sub)
     _add_strip(sub)
     return ap

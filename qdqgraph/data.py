@@ -129,6 +129,22 @@ class CalibrationData:
         if self.count == 0:
             raise QdqError("calibration data holds no samples", "give at least one sample")
 
+    def shard(self, index: int, count: int) -> "CalibrationData":
+        """Shard `index` (1-based) of `count`: a contiguous run of the samples."""
+        if not (1 <= index <= count):
+            raise QdqError(f"shard {index}/{count} does not exist", f"use --shard I/{count} with 1 <= I <= {count}")
+        start, stop = (index - 1) * self.count // count, index * self.count // count
+        if stop <= start:
+            raise QdqError(f"shard {index}/{count} holds no samples ({self.count} in all)", "use fewer shards")
+        out = CalibrationData.__new__(CalibrationData)
+        out.inputs, out.views = self.inputs, self.views
+        out.arrays = {}
+        for spec in self.inputs:
+            arr = self.arrays[spec.name]
+            out.arrays[spec.name] = arr[start:stop] if arr.ndim else arr
+        out.count = stop - start
+        return out
+
     def sample(self, i: int) -> dict[str, np.ndarray]:
         out = {}
         for spec in self.inputs:

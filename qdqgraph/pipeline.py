@@ -1,7 +1,6 @@
 """`quantize`: the Python API that composes the stages (load, clean, plan, calibrate, insert, check)."""
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,20 +61,13 @@ def clean(loaded: io.Loaded, report: InsertReport | None = None) -> io.Loaded:
     return loaded
 
 
-def _amax_from_states(states: dict, method: str, percentile: float) -> dict[str, float]:
-    if method == "max":
-        return {k: float(s.amax) for k, s in states.items()}
+def amax_from_states(states: dict, method: str, percentile: float = 99.99) -> dict[str, float]:
     from .calib.methods import compute_amax
     return {k: float(compute_amax(s, method, percentile=percentile)) for k, s in states.items()}
 
 
-def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = "max", batch_size: int = 1,
-              samples: int | None = None, providers: list[str] | None = None, percentile: float = 99.99,
-              report: InsertReport | None = None, progress=None) -> dict[str, float]:
-    """amax per scale group of `plan`, from calibration data (path, dict of arrays, or "random")."""
-    groups = plan.groups()
-    if not groups:
-        return {}
+def calibration_data(loaded: io.Loaded, calib, samples: int | None = None, shard: tuple[int, int] | None = None,
+                     report: InsertReport | None = None) -> CalibrationData:
     inputs = model_inputs(loaded.graph)
     if isinstance(calib, str) and calib == "random":
         arrays = random_data(inputs)
@@ -84,19 +76,29 @@ def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = "max", batch_s
     else:
         arrays = read_arrays(calib, inputs)
     data = CalibrationData(arrays, inputs, samples)
-    got = collect(loaded, groups, data, method=method, batch_size=batch_size, providers=providers,
-                  progress=progress)
+    if shard is not None:
+        data = data.shard(*shard)
+    return data
+
+
+def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = "max", batch_size: int = 1,
+              samples: int | None = None, providers: list[str] | None = None, percentile: float = 99.99,
+              report: InsertReport | None = None, progress=None, shard=None, keep_states: bool = False):
+    """amax per scale group of `plan`, from calibration data (path, dict of arrays, or "random").
+    With keep_states, returns the Collected states instead (for saving shards)."""
+    groups = plan.groups()
+    if not groups:
+        return {}
+    data = calibration_data(loaded, calib, samples, shard, report)
+    got = collect(loaded, groups, data, method="entropy" if keep_states else method, batch_size=batch_size,
+                  providers=providers, progress=progress)
     if report is not None:
         report.samples = got.samples
         report.calibration_seconds = got.seconds
         report.method = method
-    return _amax_from_states(got.states, method, percentile)
-
-
-def _copy_loaded(loaded: io.Loaded) -> io.Loaded:
-    c = copy.copy(loaded)
-    c.graph = loaded.graph.copy()
-    return c
+    if keep_states:
+        return got
+    return amax_from_states(got.states, method, percentile)
 
 
 def _amax_from_cache(plan: Plan, path) -> dict[str, float]:
@@ -110,6 +112,32 @@ def _amax_from_cache(plan: Plan, path) -> dict[str, float]:
                            "recalibrate, or pass a cache made for this model")
         out[rep] = max(found)
     return out
+
+
+def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(),
+            report: InsertReport | None = None) -> tuple[io.Loaded, Plan]:
+    """Load, refuse already-quantized models, clean, and plan placement."""
+    loaded = io.load(model)
+    refuse_quantized(loaded)
+    clean(loaded, report)
+    ruleset = load_ruleset(rules)
+    plan = plan_placement(loaded.graph, ruleset,
+                          Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes)))
+    _refuse_unsupported_dtypes(loaded, plan)
+    return loaded, plan
+
+
+def model_id(model) -> str:
+    """sha256 of the model file (or of the ModelProto's bytes): ties saved state to its model."""
+    import hashlib
+    h = hashlib.sha256()
+    if isinstance(model, onnx.ModelProto):
+        h.update(model.SerializeToString())
+    else:
+        with open(model, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def quantize(model, calib=None, *, method: str = "max", rules=(), exclude_ops=(), exclude_nodes=(),
@@ -129,12 +157,8 @@ def quantize(model, calib=None, *, method: str = "max", rules=(), exclude_ops=()
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz (or --calib random to insert Q/DQ with meaningless scales)")
     report = InsertReport(input=str(model) if isinstance(model, (str, os.PathLike)) else None, method=method)
-    loaded = io.load(model)
-    refuse_quantized(loaded)
-    clean(loaded, report)
-    ruleset = load_ruleset(rules)
-    plan = plan_placement(loaded.graph, ruleset, Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes)))
-    _refuse_unsupported_dtypes(loaded, plan)
+    loaded, plan = prepare(model, rules=rules, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
+                           include_nodes=include_nodes, report=report)
     if calib_cache is not None:
         amax = _amax_from_cache(plan, calib_cache)
     else:

@@ -204,3 +204,50 @@ def test_console_script_and_example(tmp_path):
     assert sum(n.op == "DequantizeLinear" for n in g.nodes) > 0
     r = subprocess.run(cmd + ["insert", str(tmp_path / "missing.onnx"), "--calib", "random"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr
+
+
+def test_calibrate_shards_merge_to_the_full_run(model_and_data, capsys):
+    mp, dp = model_and_data
+    d = mp.parent
+    assert main(["calibrate", str(mp), "--calib", str(dp), "-o", str(d / "full.json"), "--method", "max"]) == 0
+    for i in (1, 2, 3):
+        assert main(["calibrate", str(mp), "--calib", str(dp), "--shard", f"{i}/3", "-o", str(d / f"s{i}.state")]) == 0
+    assert main(["calibrate", "--merge", *(str(d / f"s{i}.state") for i in (1, 2, 3)), "-o", str(d / "m.json"),
+                 "--method", "max"]) == 0
+    full = json.loads((d / "full.json").read_text())
+    merged = json.loads((d / "m.json").read_text())
+    assert merged["samples"] == full["samples"] == 8
+    assert {k: v["amax"] for k, v in merged["tensors"].items()} == {k: v["amax"] for k, v in full["tensors"].items()}
+    # the merged cache drives insert without data
+    assert main(["insert", str(mp), "--calib-cache", str(d / "m.json"), "-o", str(d / "q.onnx")]) == 0
+    assert (d / "q.onnx").exists()
+
+
+def test_calibrate_tensorrt_cache_round_trip(model_and_data, capsys):
+    mp, dp = model_and_data
+    d = mp.parent
+    assert main(["calibrate", str(mp), "--calib", str(dp), "-o", str(d / "c.cache"), "--format", "tensorrt",
+                 "--method", "entropy"]) == 0
+    text = (d / "c.cache").read_text().splitlines()
+    assert text[0].startswith("TRT-") and text[0].endswith("-EntropyCalibration2")
+    assert any(line.startswith("x: ") for line in text[1:])
+    assert main(["insert", str(mp), "--calib-cache", str(d / "c.cache"), "-o", str(d / "q.onnx")]) == 0
+
+
+def test_merge_refuses_shards_of_different_models(model_and_data, capsys, tmp_path):
+    mp, dp = model_and_data
+    other = tmp_path / "other.onnx"
+    onnx.save(motifs.residual_add(projection=True), other)
+    assert main(["calibrate", str(mp), "--calib", str(dp), "--shard", "1/2", "-o", str(tmp_path / "a.state")]) == 0
+    assert main(["calibrate", str(other), "--calib", str(dp), "--shard", "2/2", "-o", str(tmp_path / "b.state")]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", "--merge", str(tmp_path / "a.state"), str(tmp_path / "b.state"),
+                 "-o", str(tmp_path / "m.json")]) == 2
+    assert "another model" in one_error_line(capsys)
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_calibrate_bad_shard_spec(model_and_data, capsys):
+    mp, dp = model_and_data
+    assert main(["calibrate", str(mp), "--calib", str(dp), "--shard", "3/2", "-o", str(mp.parent / "x.state")]) == 2
+    assert "--shard" in one_error_line(capsys)
