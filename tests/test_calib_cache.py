@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from qdqgraph import io as qio
-from qdqgraph.calib import cache
 from qdqgraph.calib.cache import (hex_to_scale, load_cache, read_json, read_tensorrt, scale_to_hex,
                                   write_json, write_tensorrt)
 from qdqgraph.calib.methods import safe_scale
