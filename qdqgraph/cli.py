@@ -20,8 +20,8 @@ def _add_insert(sub):
     p.add_argument("--calib", help="calibration data: .npz (one array per input, samples first), .npy, "
                                    "a folder of them, or 'random'")
     p.add_argument("--calib-cache", help="use ranges from a qdqgraph JSON or TensorRT calibration cache")
-    p.add_argument("--method", default="max", choices=["max", "entropy", "percentile", "mse"],
-                   help="calibration method (default: max)")
+    p.add_argument("--method", default="percentile", choices=["max", "entropy", "percentile", "mse"],
+                   help="calibration method (default: percentile, the best on the model zoo; see README)")
     p.add_argument("--percentile", type=float, default=99.99, help="for --method percentile (default 99.99)")
     p.add_argument("--batch-size", type=int, default=1, help="samples per onnxruntime run (dynamic batch only)")
     p.add_argument("--samples", type=int, help="use only the first N samples")
@@ -51,7 +51,7 @@ def _add_calibrate(sub):
     p.add_argument("model", nargs="?", help="float ONNX model (not needed with --merge)")
     p.add_argument("-o", "--output", required=True, help="cache (or state) file to write")
     p.add_argument("--calib", help="calibration data, as for insert")
-    p.add_argument("--method", default="max", choices=["max", "entropy", "percentile", "mse"])
+    p.add_argument("--method", default="percentile", choices=["max", "entropy", "percentile", "mse"])
     p.add_argument("--percentile", type=float, default=99.99)
     p.add_argument("--format", choices=["json", "tensorrt", "state"],
                    help="json (default), tensorrt (calibration-cache text), state (histograms, mergeable)")

@@ -12,7 +12,7 @@ from .placement import Plan
 class InsertReport:
     input: str | None = None
     output: str | None = None
-    method: str = "max"
+    method: str = "percentile"
     samples: int = 0
     calibration_seconds: float = 0.0
     opset_raised_from: int | None = None
