@@ -30,6 +30,8 @@ def _add_insert(sub):
                    help="int8: INT8 initializer + DequantizeLinear (default); qdq: float weight + Q->DQ")
     p.add_argument("--providers", default="cpu", help="onnxruntime providers for calibration, e.g. cuda,cpu")
     p.add_argument("--report", metavar="REPORT.json", help="write the placement and calibration report as JSON")
+    p.add_argument("--verify", type=int, default=8, metavar="N",
+                   help="compare float and INT8 outputs on the first N calibration samples (default 8; 0 = off)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.set_defaults(run=_run_insert)
@@ -120,6 +122,8 @@ def _run_insert(args) -> int:
         raise QdqError("--batch-size must be at least 1", "pass a positive number")
     if args.samples is not None and args.samples < 1:
         raise QdqError("--samples must be at least 1", "pass a positive number")
+    if args.verify < 0:
+        raise QdqError("--verify must be 0 (off) or a number of samples", "pass e.g. --verify 8")
     if args.calib is None and args.calib_cache is None:
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz, --calib-cache FILE, or --calib random (scales then mean nothing)")
@@ -137,6 +141,9 @@ def _run_insert(args) -> int:
         io.write_text_atomic(Path(args.report), result.report.to_json())
     if not args.quiet:
         print(result.report.summary())
+        if args.verify > 0 and args.calib is not None and args.calib != "random":
+            from .evaluate import compare
+            print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False).table())
     return 0
 
 

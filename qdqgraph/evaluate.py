@@ -110,7 +110,8 @@ def quantized_tensor_pairs(quant: gs.Graph, float_graph: gs.Graph) -> list[tuple
 
 
 def _looks_like_logits(shape) -> bool:
-    return shape is not None and len(shape) >= 2 and isinstance(shape[-1], int) and shape[-1] > 1
+    """[batch, classes]: a classifier's output, where top-1 agreement means something."""
+    return shape is not None and len(shape) == 2 and isinstance(shape[-1], int) and shape[-1] > 1
 
 
 def compare(float_model, quant_model, data: CalibrationData | None = None, calib=None,

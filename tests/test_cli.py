@@ -46,6 +46,7 @@ def test_insert_writes_default_output_and_report(model_and_data, capsys):
     assert mp.read_bytes() == before
     text = capsys.readouterr().out
     assert "Conv" in text and f"wrote {out}" in text
+    assert "float vs quantized on 8 samples" in text and "output y: cosine 0.9" in text
     report = json.loads(rp.read_text())
     assert report["ops"]["Conv"]["quantized"] == 4 and report["activation_sites"] == 4
     assert not [p for p in files(mp.parent) if p.endswith(".tmp")]

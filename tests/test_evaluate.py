@@ -1,0 +1,41 @@
+"""compare(): known answers on constructed cases."""
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+
+import motifs
+import qdqgraph
+from qdqgraph import io
+from qdqgraph.evaluate import compare
+
+
+def test_identical_models_agree_perfectly():
+    m = motifs.gemm_transB()
+    c = compare(m, m, calib=motifs.sample_data(m), tensors=False)
+    (out,) = c.outputs
+    assert out.cosine == pytest.approx(1.0) and out.sqnr_db == float("inf") and out.max_abs_error == 0.0
+    assert out.top1 == 1.0 and c.samples == 8
+
+
+def test_mis_scaled_tensor_is_named():
+    """Shrink one activation's scale 50x (clipping it hard): its SQNR must be the lowest."""
+    m = motifs.residual_add(projection=True)
+    data = motifs.sample_data(m)
+    q = qdqgraph.quantize(m, data).model
+    loaded = io.load(q)
+    target = "relu1_out"
+    bad_scale = None
+    for n in loaded.graph.nodes:
+        if n.op in ("QuantizeLinear", "DequantizeLinear") and n.inputs[0].name in (target, f"{target}_quantized"):
+            s = n.inputs[1]
+            bad_scale = bad_scale or gs.Constant(s.name + "_bad", np.asarray(s.values / 50, dtype=np.float32))
+            n.inputs[1] = bad_scale
+    assert bad_scale is not None
+    bad = io.to_model(loaded)
+    onnx.checker.check_model(bad)
+    good_c = compare(m, q, calib=data)
+    bad_c = compare(m, bad, calib=data)
+    assert bad_c.worst_tensors(1)[0].name == target
+    assert bad_c.outputs[0].sqnr_db < good_c.outputs[0].sqnr_db - 6
+    assert {a.name for a in bad_c.tensors} == {a.name for a in good_c.tensors} >= {target, "x", "stem_relu_out"}
