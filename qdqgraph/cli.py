@@ -30,6 +30,11 @@ def _add_insert(sub):
                    help="int8: INT8 initializer + DequantizeLinear (default); qdq: float weight + Q->DQ")
     p.add_argument("--providers", default="cpu", help="onnxruntime providers for calibration, e.g. cuda,cpu")
     p.add_argument("--report", metavar="REPORT.json", help="write the placement and calibration report as JSON")
+    p.add_argument("--accuracy-budget", type=float, metavar="SQNR_DB",
+                   help="return the most sensitive nodes to float until the output SQNR against float "
+                        "reaches this many dB (measured on --sensitivity-samples calibration samples)")
+    p.add_argument("--max-float-layers", type=int, metavar="K", help="at most K nodes returned to float")
+    p.add_argument("--sensitivity-samples", type=int, default=8, metavar="N")
     p.add_argument("--verify", type=int, default=8, metavar="N",
                    help="compare float and INT8 outputs on the first N calibration samples (default 8; 0 = off)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
@@ -132,7 +137,9 @@ def _run_insert(args) -> int:
                       exclude_ops=args.exclude_op, exclude_nodes=args.exclude_node,
                       include_nodes=args.include_node, weights=args.weights, batch_size=args.batch_size,
                       samples=args.samples, providers=_providers(args.providers), percentile=args.percentile,
-                      calib_cache=args.calib_cache, progress=progress)
+                      calib_cache=args.calib_cache, accuracy_budget=args.accuracy_budget,
+                      max_float_layers=args.max_float_layers, sensitivity_samples=args.sensitivity_samples,
+                      progress=progress)
     if progress is not None:
         progress.close()
     written = io.save(result.model, out, protect=(Path(args.model),))

@@ -106,8 +106,9 @@ def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = DEFAULT_METHOD
 
 
 def _amax_from_cache(plan: Plan, path) -> dict[str, float]:
+    """amax per scale group from a cache file, or from a dict {tensor: amax} (API)."""
     from .calib.cache import load_cache
-    table = load_cache(path)
+    table = dict(path) if isinstance(path, dict) else load_cache(path)
     out = {}
     for rep, members in plan.groups().items():
         found = [table[t] for t in members if t in table]
@@ -118,7 +119,7 @@ def _amax_from_cache(plan: Plan, path) -> dict[str, float]:
     return out
 
 
-def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(),
+def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(), float_nodes=(),
             report: InsertReport | None = None) -> tuple[io.Loaded, Plan]:
     """Load, refuse already-quantized models, clean, and plan placement."""
     loaded = io.load(model)
@@ -126,7 +127,8 @@ def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=
     clean(loaded, report)
     ruleset = load_ruleset(rules)
     plan = plan_placement(loaded.graph, ruleset,
-                          Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes)))
+                          Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes),
+                                    tuple(float_nodes)))
     _refuse_unsupported_dtypes(loaded, plan)
     return loaded, plan
 
@@ -147,11 +149,15 @@ def model_id(model) -> str:
 def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclude_ops=(), exclude_nodes=(),
              include_nodes=(), weights: str = "int8", batch_size: int = 1, samples: int | None = None,
              providers: list[str] | None = None, percentile: float = 99.99, calib_cache=None,
-             progress=None) -> Result:
+             accuracy_budget: float | None = None, max_float_layers: int | None = None,
+             sensitivity_samples: int = 8, progress=None) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
 
     `calib` is a .npz/.npy path, a folder of them, a dict {input name: array (samples first)}, or
-    "random"; `calib_cache` (a qdqgraph JSON or TensorRT calibration cache) replaces it.
+    "random"; `calib_cache` (a qdqgraph JSON or TensorRT calibration cache, or a dict tensor ->
+    amax) replaces it. With `accuracy_budget` (minimum output SQNR in dB against float, on the
+    first `sensitivity_samples` calibration samples) and/or `max_float_layers`, the most sensitive
+    quantized nodes are returned to float (see qdqgraph.sensitivity).
     """
     if method not in METHODS:
         raise QdqError(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
@@ -160,13 +166,45 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     if calib is None and calib_cache is None:
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz (or --calib random to insert Q/DQ with meaningless scales)")
+    fallback = accuracy_budget is not None or max_float_layers is not None
+    if fallback and (calib is None or (isinstance(calib, str) and calib == "random")):
+        raise QdqError("an accuracy budget needs real calibration data to measure against",
+                       "pass --calib DATA.npz")
+    selection = dict(rules=rules, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes, include_nodes=include_nodes)
     report = InsertReport(input=str(model) if isinstance(model, (str, os.PathLike)) else None, method=method)
-    loaded, plan = prepare(model, rules=rules, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
-                           include_nodes=include_nodes, report=report)
+    loaded, plan = prepare(model, report=report, **selection)
     if calib_cache is not None:
         amax = _amax_from_cache(plan, calib_cache)
     else:
         amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress)
+    result = _finish(loaded, plan, amax, weights, report)
+    if not fallback or not plan.activation_sites():
+        return result
+    from .sensitivity import choose_fallback, measure
+    data = calibration_data(loaded, calib, samples)
+    sens, evaluate = measure(result.model, plan, data, sensitivity_samples)
+    chosen, final_db = choose_fallback(sens, evaluate, accuracy_budget, max_float_layers)
+    gains = {u.node: u.gain_db for u in sens.units}
+    report.fallback = {"budget_db": accuracy_budget, "max_float_layers": max_float_layers,
+                       "samples": sens.samples, "all_int8_db": sens.all_int8_db, "final_db": final_db,
+                       "seconds": sens.seconds, "float_nodes": chosen,
+                       "ranking": [{"node": u.node, "op": u.op, "gain_db": u.gain_db,
+                                    "only_int8_db": u.only_quantized_db} for u in sens.ranked()]}
+    if not chosen:
+        return result
+    per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
+    float_nodes = tuple((n, f"fallback: returned to float (+{gains[n]:.1f} dB output SQNR alone)") for n in chosen)
+    report2 = InsertReport(input=report.input, method=method)
+    loaded2, plan2 = prepare(model, report=report2, float_nodes=float_nodes, **selection)
+    amax2 = _amax_from_cache(plan2, per_tensor)
+    for k in ("samples", "calibration_seconds", "warnings"):
+        setattr(report2, k, getattr(report, k))
+    report2.fallback = report.fallback
+    return _finish(loaded2, plan2, amax2, weights, report2)
+
+
+def _finish(loaded: io.Loaded, plan: Plan, amax: dict, weights: str, report: InsertReport) -> Result:
+    """Insert, stamp provenance, check invariants and the ONNX checker."""
     inserted = insert_qdq(loaded.graph, plan, amax, weights=weights)
     report.fill_from_plan(plan, amax)
     for t in inserted.zero_range:

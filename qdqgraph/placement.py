@@ -408,8 +408,12 @@ class Selection:
     exclude_ops: tuple[str, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
     include_nodes: tuple[str, ...] = ()
+    float_nodes: tuple[tuple[str, str], ...] = ()   # (exact node name, why): accuracy fallback
 
     def excluded(self, node) -> str | None:
+        for name, why in self.float_nodes:
+            if node.name == name:
+                return why
         if node.op in self.exclude_ops:
             return f"--exclude-op {node.op}"
         for pat in self.exclude_nodes:
@@ -511,7 +515,8 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
                 continue
             user = selection.excluded(node)
             if user:
-                plan.decisions[node.name] = Decision(node.name, node.op, False, "user-exclude", user)
+                rid = "fallback" if any(node.name == n for n, _ in selection.float_nodes) else "user-exclude"
+                plan.decisions[node.name] = Decision(node.name, node.op, False, rid, user)
                 continue
             near: tuple[str, str] | None = None
             for rule in (r for r in candidates if r.stage == stage):

@@ -25,6 +25,7 @@ class InsertReport:
     skipped: list[dict] = field(default_factory=list)
     sites: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    fallback: dict | None = None
 
     def fill_from_plan(self, plan: Plan, amax: dict[str, float] | None = None) -> None:
         counts: dict[str, Counter] = defaultdict(Counter)
@@ -72,6 +73,14 @@ class InsertReport:
             for (op, rule, reason), nodes in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
                 ex = ", ".join(nodes[:max_examples]) + (f", ... ({len(nodes)} in all)" if len(nodes) > max_examples else "")
                 lines.append(f"  {op} {rule}: {reason}  [{ex}]")
+        if self.fallback:
+            fb = self.fallback
+            lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all INT8 -> {fb['final_db']:.1f} dB with "
+                         f"{len(fb['float_nodes'])} node(s) in float (budget {fb['budget_db']} dB, "
+                         f"max {fb['max_float_layers']}; {fb['samples']} samples, {fb['seconds']:.1f} s)")
+            for n in fb["float_nodes"]:
+                gain = next(r["gain_db"] for r in fb["ranking"] if r["node"] == n)
+                lines.append(f"  float: {n} (+{gain:.1f} dB alone)")
         for w in self.warnings:
             lines.append(f"warning: {w}")
         if self.output:

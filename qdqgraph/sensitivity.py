@@ -1,0 +1,172 @@
+"""Per-layer sensitivity and float fallback within an accuracy budget.
+
+A *unit* is one quantized node of the plan with the Q/DQ edges it consumes (a Conv's activation
+input and its weight; a residual Add's skip input; ...). Sensitivity is measured on a switchable
+model: every quantized edge goes through `Where(flag_unit, dequantized, float)`, with one boolean
+input per unit, so one onnxruntime session evaluates any mix of float and INT8 units. For each
+unit it measures the output SQNR (against float) when only that unit is quantized, and when only
+that unit is left in float. Cost: (2 x units + 2) runs of the sensitivity batch (a few samples,
+`samples`), each a full inference; it grows linearly with the number of units and does not
+recalibrate (the scales of the one calibration are reused).
+
+Fallback returns units to float greedily, most harmful first (largest SQNR gain when left in float),
+until the output SQNR reaches the budget or `max_float` units are float.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from . import io
+from .data import CalibrationData
+from .evaluate import _session
+from .ops import DEQUANTIZE
+from .placement import Plan
+
+
+@dataclass
+class UnitSensitivity:
+    node: str
+    op: str
+    rule: str
+    only_quantized_db: float     # output SQNR with only this unit in INT8
+    only_float_db: float         # output SQNR with every unit but this one in INT8
+    gain_db: float               # only_float_db - all-INT8 SQNR
+
+
+@dataclass
+class Sensitivity:
+    samples: int
+    all_int8_db: float
+    units: list[UnitSensitivity] = field(default_factory=list)
+    seconds: float = 0.0
+    runs: int = 0
+
+    def ranked(self) -> list[UnitSensitivity]:
+        return sorted(self.units, key=lambda u: (-u.gain_db, u.only_quantized_db, u.node))
+
+    def table(self, k: int = 10) -> str:
+        lines = [f"sensitivity on {self.samples} samples ({self.runs} runs, {self.seconds:.1f} s): "
+                 f"all INT8 output SQNR {self.all_int8_db:.1f} dB",
+                 "  gain_dB  only_int8_dB  node (op, rule)"]
+        for u in self.ranked()[:k]:
+            lines.append(f"  {u.gain_db:7.2f}  {u.only_quantized_db:12.1f}  {u.node} ({u.op}, {u.rule})")
+        return "\n".join(lines)
+
+
+def _sqnr(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
+    sig = sum(float(np.sum(r.astype(np.float64) ** 2)) for r in ref)
+    err = sum(float(np.sum((r.astype(np.float64) - g) ** 2)) for r, g in zip(ref, got))
+    return 10 * np.log10(sig / err) if err > 0 else float("inf")
+
+
+def switchable(quant_graph: gs.Graph, plan: Plan) -> tuple[gs.Graph, dict[str, str]]:
+    """A copy of a Q/DQ graph made by insert_qdq where each quantized unit's edges pass through
+    Where(flag, dequantized, float). Returns the graph and {unit node name: flag input name}."""
+    g = quant_graph.copy()
+    nodes = {n.name: n for n in g.nodes}
+    flags = {}
+    for k, (name, d) in enumerate(sorted((n, d) for n, d in plan.decisions.items() if d.quantized)):
+        node = nodes.get(name)
+        if node is None:
+            continue
+        flag = gs.Variable(f"qdqgraph_unit_{k}", dtype=np.bool_, shape=[])
+        used = False
+        for i, t in enumerate(list(node.inputs)):
+            p = t.inputs[0] if t.inputs else None
+            if p is None or p.op != DEQUANTIZE:
+                continue
+            src = p.inputs[0]
+            q = src.inputs[0] if src.inputs else None
+            if q is not None and q.op == "QuantizeLinear":
+                float_t = q.inputs[0]
+            elif isinstance(src, gs.Constant):   # INT8 weight: its float value
+                scale = p.inputs[1].values
+                axis = p.attrs.get("axis")
+                shape = [-1 if (axis is not None and d == axis % src.values.ndim) else 1
+                         for d in range(src.values.ndim)] if np.ndim(scale) else []
+                float_t = gs.Constant(f"{src.name}_float", (src.values.astype(np.float32) *
+                                                            (scale.reshape(shape) if shape else scale)).astype(np.float32))
+            else:
+                continue
+            sel = gs.Variable(f"{t.name}_sel_{k}_{i}", dtype=t.dtype, shape=t.shape)
+            g.nodes.append(gs.Node("Where", name=f"qdqgraph_switch_{k}_{i}", inputs=[flag, t, float_t], outputs=[sel]))
+            node.inputs[i] = sel
+            used = True
+        if used:
+            g.inputs.append(flag)
+            flags[name] = flag.name
+    g.toposort()
+    return g, flags
+
+
+def _feed(batch: dict, flags: dict, on: set[str]) -> dict:
+    f = dict(batch)
+    for unit, name in flags.items():
+        f[name] = np.array(unit in on, dtype=np.bool_)
+    return f
+
+
+def measure(quant_model: onnx.ModelProto, plan: Plan, data: CalibrationData, samples: int = 8) -> tuple:
+    """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float."""
+    start = time.perf_counter()
+    loaded = io.load(quant_model)
+    graph, flags = switchable(loaded.graph, plan)
+    sess = _session(io.to_model(io.Loaded(graph=graph, ir_version=loaded.ir_version)))
+    outs = [o.name for o in graph.outputs]
+    # the first `samples` samples, as one batch where the model's batch axis is dynamic
+    batches, seen = [], 0
+    for b in data.batches(samples if data.batchable() else 1):
+        n = int(np.shape(next(iter(b.values())))[0]) if data.batchable() else 1
+        batches.append(b)
+        seen += n
+        if seen >= samples:
+            break
+    units = set(flags)
+    runs = 0
+
+    def run(on: set[str]) -> list[list[np.ndarray]]:
+        nonlocal runs
+        runs += len(batches)  # one run per batch of samples
+        return [sess.run(outs, _feed(b, flags, on)) for b in batches]
+
+    def flat(results):
+        return [o for per in results for o in per if np.issubdtype(o.dtype, np.floating)]
+
+    ref = flat(run(set()))
+
+    def sqnr_with_float(float_units: set[str]) -> float:
+        return _sqnr(ref, flat(run(units - set(float_units))))
+
+    all_db = sqnr_with_float(set())
+    report = Sensitivity(min(seen, samples), all_db)
+    for u in sorted(units):
+        only_q = _sqnr(ref, flat(run({u})))
+        only_f = sqnr_with_float({u})
+        d = plan.decisions[u]
+        report.units.append(UnitSensitivity(u, d.op, d.rule or "", only_q, only_f, only_f - all_db))
+    report.runs = runs
+    report.seconds = time.perf_counter() - start
+    return report, sqnr_with_float
+
+
+def choose_fallback(sens: Sensitivity, evaluate, budget_db: float | None, max_float: int | None) -> tuple[list[str], float]:
+    """Greedy: most harmful units to float until the output SQNR reaches `budget_db` (or the
+    number of float units reaches `max_float`). Returns (units, final SQNR)."""
+    chosen: list[str] = []
+    current = sens.all_int8_db
+    limit = max_float if max_float is not None else len(sens.units)
+    for u in sens.ranked():
+        if budget_db is not None and current >= budget_db:
+            break
+        if len(chosen) >= limit:
+            break
+        trial = evaluate(set(chosen) | {u.node})
+        if trial > current or budget_db is None:
+            chosen.append(u.node)
+            current = trial
+    return chosen, current
