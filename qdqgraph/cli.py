@@ -28,7 +28,7 @@ def _add_insert(sub):
     _add_selection(p)
     p.add_argument("--weights", default="int8", choices=["int8", "qdq"],
                    help="int8: INT8 initializer + DequantizeLinear (default); qdq: float weight + Q->DQ")
-    p.add_argument("--providers", default="cpu", help="onnxruntime providers for calibration, e.g. cuda,cpu")
+    _add_runtime(p)
     p.add_argument("--report", metavar="REPORT.json", help="write the placement and calibration report as JSON")
     p.add_argument("--accuracy-budget", type=float, metavar="SQNR_DB",
                    help="return the most sensitive nodes to float until the output SQNR against float "
@@ -40,6 +40,12 @@ def _add_insert(sub):
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.set_defaults(run=_run_insert)
+
+
+def _add_runtime(p):
+    p.add_argument("--providers", default="cpu", help="onnxruntime providers for calibration, e.g. cuda,cpu")
+    p.add_argument("--custom-op-library", action="append", default=[], metavar="LIB.so",
+                   help="onnxruntime custom-op library for models with custom-domain ops (repeatable)")
 
 
 def _add_selection(p):
@@ -66,7 +72,7 @@ def _add_calibrate(sub):
     p.add_argument("--merge", nargs="+", metavar="STATE", help="merge state files from --shard runs")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--samples", type=int)
-    p.add_argument("--providers", default="cpu")
+    _add_runtime(p)
     p.add_argument("--force", action="store_true")
     p.add_argument("--quiet", action="store_true")
     _add_selection(p)
@@ -92,13 +98,17 @@ _PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
               "tensorrt": "TensorrtExecutionProvider", "dml": "DmlExecutionProvider"}
 
 
-def _providers(text: str) -> list[str]:
+def _providers(text: str, libraries=()) -> list[str]:
     out = []
     for p in (x.strip().lower() for x in text.split(",") if x.strip()):
         if p not in _PROVIDERS:
             raise QdqError(f"unknown provider {p!r}", f"use {', '.join(_PROVIDERS)}")
         out.append(_PROVIDERS[p])
     import onnxruntime as ort
+
+    from .runtime import register_custom_ops
+    for lib in libraries:
+        register_custom_ops(lib)
     missing = [p for p in out if p not in ort.get_available_providers()]
     if missing:
         raise QdqError(f"onnxruntime here has no {', '.join(missing)}",
@@ -136,7 +146,7 @@ def _run_insert(args) -> int:
     result = quantize(args.model, args.calib, method=args.method, rules=args.rules,
                       exclude_ops=args.exclude_op, exclude_nodes=args.exclude_node,
                       include_nodes=args.include_node, weights=args.weights, batch_size=args.batch_size,
-                      samples=args.samples, providers=_providers(args.providers), percentile=args.percentile,
+                      samples=args.samples, providers=_providers(args.providers, args.custom_op_library), percentile=args.percentile,
                       calib_cache=args.calib_cache, accuracy_budget=args.accuracy_budget,
                       max_float_layers=args.max_float_layers, sensitivity_samples=args.sensitivity_samples,
                       progress=progress)
@@ -210,7 +220,7 @@ def _run_calibrate(args) -> int:
     try:
         if fmt == "state":
             got = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
-                            _providers(args.providers), shard=shard, keep_states=True, progress=progress)
+                            _providers(args.providers, args.custom_op_library), shard=shard, keep_states=True, progress=progress)
             save_states(out, got.states, groups, got.samples, model_id(args.model),
                         shard=args.shard)
             samples, seconds = got.samples, got.seconds
@@ -218,7 +228,7 @@ def _run_calibrate(args) -> int:
             from .report import InsertReport
             rep = InsertReport()
             amax = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
-                             _providers(args.providers), args.percentile, report=rep, progress=progress)
+                             _providers(args.providers, args.custom_op_library), args.percentile, report=rep, progress=progress)
             _write_cache(out, amax, groups, fmt, args.method, rep.samples)
             samples, seconds = rep.samples, rep.calibration_seconds
     finally:

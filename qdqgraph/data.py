@@ -6,6 +6,7 @@ or `arr[i:i+1]` (same rank as the input: the first axis is the batch). Pickled a
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,9 @@ def _load_npy(path: Path) -> np.ndarray:
         raise QdqError(f"{path} is not a readable .npy file ({e})", "write it with np.save") from None
 
 
-def read_arrays(source: str | Path | dict, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
-    """Arrays by input name from a file, a folder, or a dict given through the Python API."""
+def read_arrays(source: str | Path | dict, inputs: list[InputSpec]):
+    """Arrays by input name from a file or a dict given through the Python API; from a folder, a
+    list of such dicts, one per file."""
     if isinstance(source, dict):
         arrays = {k: np.asarray(v) for k, v in source.items() if k not in META_KEYS}
     else:
@@ -60,8 +62,7 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec]) -> dict[str,
             files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
             if not files:
                 raise QdqError(f"{path} holds no .npz or .npy files", "put calibration arrays in it")
-            parts = [read_arrays(p, inputs) for p in files]
-            arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            return [read_arrays(p, inputs) for p in files]  # one chunk per file
         elif path.suffix == ".npz":
             arrays = _load_npz(path)
         elif path.suffix == ".npy":
@@ -113,18 +114,24 @@ def check_sample(spec: InputSpec, x: np.ndarray) -> None:
 
 
 class CalibrationData:
-    """Validated samples, batched for onnxruntime."""
+    """Validated samples, batched for onnxruntime. `arrays` is one dict of arrays, or a list of them
+    (one per file of a folder: files may hold samples of different shapes for dynamic dims)."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], inputs: list[InputSpec], samples: int | None = None):
+    def __init__(self, arrays, inputs: list[InputSpec], samples: int | None = None):
         self.inputs = inputs
-        self.arrays = arrays
-        views = {s.name: _sample_view(s, arrays[s.name]) for s in inputs}
-        counts = {name: n for name, (_, n) in views.items()}
-        if len(set(counts.values())) != 1:
-            raise QdqError(f"calibration arrays hold different numbers of samples: {counts}",
-                           "give every input the same number of samples")
-        self.views = views
-        n = next(iter(counts.values()))
+        self.chunks = list(arrays) if isinstance(arrays, (list, tuple)) else [arrays]
+        self.views, sizes = [], []
+        for chunk in self.chunks:
+            views = {s.name: _sample_view(s, chunk[s.name]) for s in inputs}
+            counts = {name: n for name, (_, n) in views.items()}
+            if len(set(counts.values())) != 1:
+                raise QdqError(f"calibration arrays hold different numbers of samples: {counts}",
+                               "give every input the same number of samples")
+            self.views.append(views)
+            sizes.append(next(iter(counts.values())))
+        self.starts = np.cumsum([0] + sizes)
+        n = int(self.starts[-1])
+        self.first = 0
         self.count = min(n, samples) if samples else n
         if self.count == 0:
             raise QdqError("calibration data holds no samples", "give at least one sample")
@@ -136,21 +143,19 @@ class CalibrationData:
         start, stop = (index - 1) * self.count // count, index * self.count // count
         if stop <= start:
             raise QdqError(f"shard {index}/{count} holds no samples ({self.count} in all)", "use fewer shards")
-        out = CalibrationData.__new__(CalibrationData)
-        out.inputs, out.views = self.inputs, self.views
-        out.arrays = {}
-        for spec in self.inputs:
-            arr = self.arrays[spec.name]
-            out.arrays[spec.name] = arr[start:stop] if arr.ndim else arr
-        out.count = stop - start
+        out = copy.copy(self)
+        out.first, out.count = self.first + start, stop - start
         return out
 
     def sample(self, i: int) -> dict[str, np.ndarray]:
+        j = self.first + i
+        c = int(np.searchsorted(self.starts, j, side="right")) - 1
+        k = j - int(self.starts[c])
         out = {}
         for spec in self.inputs:
-            arr = self.arrays[spec.name]
-            stacked, _ = self.views[spec.name]
-            x = arr[i] if stacked else arr[i:i + 1] if arr.ndim else arr
+            arr = self.chunks[c][spec.name]
+            stacked, _ = self.views[c][spec.name]
+            x = arr[k] if stacked else arr[k:k + 1] if arr.ndim else arr
             x = np.asarray(x)  # (np.ascontiguousarray would turn a scalar sample into shape [1])
             if not x.flags.c_contiguous:
                 x = x.copy()

@@ -8,17 +8,16 @@ error jumps can be named.
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
 from . import io
 from .data import CalibrationData
 from .ops import DEQUANTIZE, QUANTIZE
 from .pipeline import model_inputs
+from .runtime import session
 
 
 @dataclass
@@ -83,17 +82,6 @@ class _Acc:
                          self.top1_hits / self.top1_n if self.top1_n else None)
 
 
-def _session(model: onnx.ModelProto):
-    import onnxruntime as ort
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    blob = io.session_bytes(model)
-    if blob is not None:
-        return ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
-    with tempfile.TemporaryDirectory() as d:
-        return ort.InferenceSession(io.save_temp(model, d), opts, providers=["CPUExecutionProvider"])
-
-
 def quantized_tensor_pairs(quant: gs.Graph, float_graph: gs.Graph) -> list[tuple[str, str]]:
     """(float tensor, its dequantized twin in the Q/DQ model) for activations quantized in `quant`
     whose name exists in `float_graph`, in topological order."""
@@ -131,8 +119,8 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         if ft[fname] not in f_graph.outputs:
             f_graph.outputs.append(ft[fname])
         q_graph.outputs.append(qt[qname])
-    f_sess = _session(io.to_model(io.Loaded(graph=f_graph, ir_version=f_loaded.ir_version)))
-    q_sess = _session(io.to_model(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version)))
+    f_sess = session(io.to_model(io.Loaded(graph=f_graph, ir_version=f_loaded.ir_version)), purpose="comparison")
+    q_sess = session(io.to_model(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version)), purpose="comparison")
     f_names = outs + [f for f, _ in pairs]
     q_names = outs + [q for _, q in pairs]
     out_acc = {o: _Acc() for o in outs}

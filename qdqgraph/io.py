@@ -86,7 +86,19 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.graph.node:
         raise QdqError(f"{p} holds no graph nodes: it is not an ONNX model, or it is empty",
                        "pass a .onnx file exported by your framework")
+    validate(model, str(p))
     return model
+
+
+def validate(model: onnx.ModelProto, name: str = "the model") -> None:
+    """onnx.checker (not full_check) on an input model: a clear error instead of a crash later."""
+    try:
+        if tensor_bytes(model) < EXTERNAL_DATA_THRESHOLD:
+            onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0]
+        raise QdqError(f"{name} fails the ONNX checker ({first})",
+                       "re-export it, or repair it (onnx.checker.check_model shows the details)") from None
 
 
 def raise_opset(model: onnx.ModelProto, minimum: int = MIN_OPSET) -> tuple[onnx.ModelProto, int | None]:
@@ -125,6 +137,7 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto) -> Loaded:
     """Load a model (path or ModelProto) into a graphsurgeon graph, opset raised to 13, shapes inferred."""
     if isinstance(path_or_model, onnx.ModelProto):
         model, path = path_or_model, None
+        validate(model)
     else:
         path = Path(path_or_model)
         model = read_model(path)

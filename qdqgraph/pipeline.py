@@ -130,6 +130,12 @@ def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=
                           Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes),
                                     tuple(float_nodes)))
     _refuse_unsupported_dtypes(loaded, plan)
+    if report is not None:
+        custom = sorted({(n.domain, n.op, n.name) for n in loaded.graph.nodes
+                         if n.domain not in ("", "ai.onnx", None)})
+        for domain, op, name in custom:
+            report.warnings.append(f"custom op {domain}::{op} ({name}) is passed through unquantized; "
+                                   f"its neighbours are quantized by their own rules")
     return loaded, plan
 
 

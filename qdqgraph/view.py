@@ -107,7 +107,8 @@ class GraphView:
         other arithmetic on real data end such a path."""
         origin: dict[str, str] = {}
         for n in self.nodes:
-            if self.vocab.is_(n, "weighted") or self.vocab.is_(n, "avg_pool") or self.vocab.is_(n, "softmax"):
+            if (self.vocab.is_(n, "weighted") or self.vocab.is_(n, "avg_pool") or self.vocab.is_(n, "softmax")
+                    or self.vocab.is_(n, "control_flow")):  # If/Loop read outer tensors implicitly
                 continue
             sources = []
             real = False

@@ -11,7 +11,6 @@ must share one scale (a Concat group) feed one state.
 """
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import onnx_graphsurgeon as gs
 from .. import io
 from ..data import CalibrationData
 from ..errors import QdqError
+from ..runtime import session
 from .histogram import RangeState
 
 
@@ -58,22 +58,6 @@ class Collected:
     seconds: float
     runs: int = 0                      # onnxruntime runs, reruns for range growth included
     providers: list[str] = field(default_factory=list)
-
-
-def _session(model: onnx.ModelProto, providers: list[str]):
-    import onnxruntime as ort
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    try:
-        blob = io.session_bytes(model)
-        if blob is not None:
-            return ort.InferenceSession(blob, opts, providers=providers)
-        with tempfile.TemporaryDirectory() as d:
-            return ort.InferenceSession(io.save_temp(model, d), opts, providers=providers)
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise QdqError(f"onnxruntime cannot run the model for calibration ({first})",
-                       "check that the model runs in onnxruntime, or pass --calib-cache") from e
 
 
 @dataclass
@@ -124,7 +108,7 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
     histogram = method != "max"
     graph, probes = calibration_graph(loaded.graph, tensors, histogram)
     shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
-    sess = _session(io.to_model(shell), providers)
+    sess = session(io.to_model(shell), providers)
     states = {rep: new_state(method) for rep in groups}
     start = time.perf_counter()
 

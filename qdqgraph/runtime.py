@@ -1,0 +1,44 @@
+"""onnxruntime sessions for calibration, comparison and sensitivity: one place that builds them."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from . import io
+from .errors import QdqError
+
+# Shared libraries of custom ops (onnxruntime's register_custom_ops_library), from
+# --custom-op-library; models with custom-domain ops run in onnxruntime only with them.
+_custom_op_libraries: list[str] = []
+
+
+def register_custom_ops(path: str) -> None:
+    p = Path(path)
+    if not p.is_file():
+        raise QdqError(f"custom op library not found: {p}", "pass the path of the shared library (.so)")
+    if str(p) not in _custom_op_libraries:
+        _custom_op_libraries.append(str(p))
+
+
+def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose: str = "calibration"):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        for lib in _custom_op_libraries:
+            opts.register_custom_ops_library(lib)
+        providers = providers or ["CPUExecutionProvider"]
+        blob = io.session_bytes(model)
+        if blob is not None:
+            return ort.InferenceSession(blob, opts, providers=providers)
+        with tempfile.TemporaryDirectory() as d:
+            return ort.InferenceSession(io.save_temp(model, d), opts, providers=providers)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        custom = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node
+                         if n.domain not in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")})
+        fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + ", or --calib-cache FILE"
+               if custom else "check that the model runs in onnxruntime, or pass --calib-cache")
+        raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
