@@ -28,6 +28,7 @@ def _add_insert(sub):
     _add_selection(p)
     p.add_argument("--weights", default="int8", choices=["int8", "qdq"],
                    help="int8: INT8 initializer + DequantizeLinear (default); qdq: float weight + Q->DQ")
+    _add_preprocess(p)
     _add_runtime(p)
     p.add_argument("--report", metavar="REPORT.json", help="write the placement and calibration report as JSON")
     p.add_argument("--accuracy-budget", type=float, metavar="SQNR_DB",
@@ -40,6 +41,12 @@ def _add_insert(sub):
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.set_defaults(run=_run_insert)
+
+
+def _add_preprocess(p):
+    p.add_argument("--preprocess", metavar="SPEC",
+                   help='for a folder of images: "resize=256,crop=224,mean=0.485,0.456,0.406,'
+                        'std=0.229,0.224,0.225,layout=NCHW,color=RGB" (or a file holding it)')
 
 
 def _add_runtime(p):
@@ -72,6 +79,7 @@ def _add_calibrate(sub):
     p.add_argument("--merge", nargs="+", metavar="STATE", help="merge state files from --shard runs")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--samples", type=int)
+    _add_preprocess(p)
     _add_runtime(p)
     p.add_argument("--force", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -149,7 +157,7 @@ def _run_insert(args) -> int:
                       samples=args.samples, providers=_providers(args.providers, args.custom_op_library), percentile=args.percentile,
                       calib_cache=args.calib_cache, accuracy_budget=args.accuracy_budget,
                       max_float_layers=args.max_float_layers, sensitivity_samples=args.sensitivity_samples,
-                      progress=progress)
+                      preprocess=args.preprocess, progress=progress)
     if progress is not None:
         progress.close()
     written = io.save(result.model, out, protect=(Path(args.model),))
@@ -160,7 +168,8 @@ def _run_insert(args) -> int:
         print(result.report.summary())
         if args.verify > 0 and args.calib is not None and args.calib != "random":
             from .evaluate import compare
-            print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False).table())
+            print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,
+                          preprocess=args.preprocess).table())
     return 0
 
 
@@ -220,7 +229,8 @@ def _run_calibrate(args) -> int:
     try:
         if fmt == "state":
             got = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
-                            _providers(args.providers, args.custom_op_library), shard=shard, keep_states=True, progress=progress)
+                            _providers(args.providers, args.custom_op_library), shard=shard, keep_states=True, progress=progress,
+                            preprocess=args.preprocess)
             save_states(out, got.states, groups, got.samples, model_id(args.model),
                         shard=args.shard)
             samples, seconds = got.samples, got.seconds
@@ -228,7 +238,8 @@ def _run_calibrate(args) -> int:
             from .report import InsertReport
             rep = InsertReport()
             amax = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
-                             _providers(args.providers, args.custom_op_library), args.percentile, report=rep, progress=progress)
+                             _providers(args.providers, args.custom_op_library), args.percentile, report=rep, progress=progress,
+                             preprocess=args.preprocess)
             _write_cache(out, amax, groups, fmt, args.method, rep.samples)
             samples, seconds = rep.samples, rep.calibration_seconds
     finally:

@@ -49,9 +49,22 @@ def _load_npy(path: Path) -> np.ndarray:
         raise QdqError(f"{path} is not a readable .npy file ({e})", "write it with np.save") from None
 
 
-def read_arrays(source: str | Path | dict, inputs: list[InputSpec]):
+def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: str | None = None):
     """Arrays by input name from a file or a dict given through the Python API; from a folder, a
-    list of such dicts, one per file."""
+    list of such dicts, one per file; from a folder of images, one array made with `preprocess`."""
+    if preprocess is not None or (isinstance(source, (str, Path)) and Path(source).is_dir() and
+                                  _has_images(Path(source))):
+        from .images import parse_preprocess, read_image_folder
+        if preprocess is None:
+            raise QdqError(f"{source} holds images but no --preprocess was given",
+                           'pass e.g. --preprocess "resize=256,crop=224,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"')
+        if not (isinstance(source, (str, Path)) and Path(source).is_dir()):
+            raise QdqError("--preprocess applies to a folder of images", "pass the folder with --calib")
+        floats = [i for i in inputs if np.issubdtype(i.dtype, np.floating)]
+        if len(inputs) != 1 or len(floats) != 1:
+            raise QdqError(f"image calibration needs a model with one float input; this one has "
+                           f"{', '.join(i.name for i in inputs)}", "write an .npz with one array per input")
+        return read_image_folder(Path(source), parse_preprocess(preprocess), inputs[0].name)
     if isinstance(source, dict):
         arrays = {k: np.asarray(v) for k, v in source.items() if k not in META_KEYS}
     else:
@@ -82,6 +95,11 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec]):
         raise QdqError(f"calibration data has array(s) {extra} that are not model inputs "
                        f"(inputs: {names})", "rename or drop them")
     return arrays
+
+
+def _has_images(folder: Path) -> bool:
+    from .images import image_files
+    return bool(image_files(folder))
 
 
 def _sample_view(spec: InputSpec, arr: np.ndarray) -> tuple[bool, int]:

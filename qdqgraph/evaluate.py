@@ -103,13 +103,13 @@ def _looks_like_logits(shape) -> bool:
 
 
 def compare(float_model, quant_model, data: CalibrationData | None = None, calib=None,
-            samples: int | None = None, tensors: bool = True) -> Comparison:
+            samples: int | None = None, tensors: bool = True, preprocess: str | None = None) -> Comparison:
     """Run both models over `data` (or `calib`, read like calibration data) and compare."""
     from .data import read_arrays
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
     if data is None:
         inputs = model_inputs(f_loaded.graph)
-        data = CalibrationData(read_arrays(calib, inputs), inputs, samples)
+        data = CalibrationData(read_arrays(calib, inputs, preprocess), inputs, samples)
     pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph) if tensors else []
     f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
     outs = [t.name for t in f_graph.outputs]

@@ -71,14 +71,14 @@ def amax_from_states(states: dict, method: str, percentile: float = 99.99) -> di
 
 
 def calibration_data(loaded: io.Loaded, calib, samples: int | None = None, shard: tuple[int, int] | None = None,
-                     report: InsertReport | None = None) -> CalibrationData:
+                     report: InsertReport | None = None, preprocess: str | None = None) -> CalibrationData:
     inputs = model_inputs(loaded.graph)
     if isinstance(calib, str) and calib == "random":
         arrays = random_data(inputs)
         if report is not None:
             report.warnings.append("calibrated on random data: the scales say nothing about accuracy")
     else:
-        arrays = read_arrays(calib, inputs)
+        arrays = read_arrays(calib, inputs, preprocess)
     data = CalibrationData(arrays, inputs, samples)
     if shard is not None:
         data = data.shard(*shard)
@@ -87,13 +87,14 @@ def calibration_data(loaded: io.Loaded, calib, samples: int | None = None, shard
 
 def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = DEFAULT_METHOD, batch_size: int = 1,
               samples: int | None = None, providers: list[str] | None = None, percentile: float = 99.99,
-              report: InsertReport | None = None, progress=None, shard=None, keep_states: bool = False):
+              report: InsertReport | None = None, progress=None, shard=None, keep_states: bool = False,
+              preprocess: str | None = None):
     """amax per scale group of `plan`, from calibration data (path, dict of arrays, or "random").
     With keep_states, returns the Collected states instead (for saving shards)."""
     groups = plan.groups()
     if not groups:
         return {}
-    data = calibration_data(loaded, calib, samples, shard, report)
+    data = calibration_data(loaded, calib, samples, shard, report, preprocess)
     got = collect(loaded, groups, data, method="entropy" if keep_states else method, batch_size=batch_size,
                   providers=providers, progress=progress)
     if report is not None:
@@ -156,7 +157,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
              include_nodes=(), weights: str = "int8", batch_size: int = 1, samples: int | None = None,
              providers: list[str] | None = None, percentile: float = 99.99, calib_cache=None,
              accuracy_budget: float | None = None, max_float_layers: int | None = None,
-             sensitivity_samples: int = 8, progress=None) -> Result:
+             sensitivity_samples: int = 8, preprocess: str | None = None, progress=None) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
 
     `calib` is a .npz/.npy path, a folder of them, a dict {input name: array (samples first)}, or
@@ -182,12 +183,13 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     if calib_cache is not None:
         amax = _amax_from_cache(plan, calib_cache)
     else:
-        amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress)
+        amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress,
+                         preprocess=preprocess)
     result = _finish(loaded, plan, amax, weights, report)
     if not fallback or not plan.activation_sites():
         return result
     from .sensitivity import choose_fallback, measure
-    data = calibration_data(loaded, calib, samples)
+    data = calibration_data(loaded, calib, samples, preprocess=preprocess)
     sens, evaluate = measure(result.model, plan, data, sensitivity_samples)
     chosen, final_db = choose_fallback(sens, evaluate, accuracy_budget, max_float_layers)
     gains = {u.node: u.gain_db for u in sens.units}
