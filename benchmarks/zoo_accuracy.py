@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,13 +72,14 @@ def cell_text(s, limit=300):
 
 # ----------------------------------------------------------------------------- quantize
 
-def quantize(qdqgraph, zoo, out_dir, name, method, timeout, logs):
-    """Run one qdqgraph insert. Returns {ok, seconds, error}."""
+def quantize(qdqgraph, zoo, out_dir, name, args, timeout, logs):
+    """Run one qdqgraph insert with extra `args`. Returns {ok, seconds, error, report}."""
     dst = out_dir / f"{name}.onnx"
     dst.unlink(missing_ok=True)   # never let a stale model from an earlier run be scored
+    rep = logs / f"{name}.report.json"
     cmd = [qdqgraph, "insert", str(zoo / "models" / f"{name}.onnx"),
            "--calib", str(zoo / "calib" / f"{name}.npz"),
-           "-o", str(dst), "--method", method, "--force"]
+           "-o", str(dst), *args, "--force", "--verify", "0", "--report", str(rep)]
     t = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -96,7 +98,8 @@ def quantize(qdqgraph, zoo, out_dir, name, method, timeout, logs):
         return {"ok": False, "seconds": sec, "error": f"insert failed (exit {rc}): {msg}"}
     if not dst.exists():
         return {"ok": False, "seconds": sec, "error": "insert exited 0 but wrote no model"}
-    return {"ok": True, "seconds": sec, "error": None}
+    return {"ok": True, "seconds": sec, "error": None,
+            "report": json.loads(rep.read_text()) if rep.exists() else None}
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -220,6 +223,20 @@ def report(models, tools, results, seconds, methods, all_metrics, failed=None):
                "samples (SNR of that output):")
     out.append("")
     out.append(md_table(["model", "agreement metric"] + tools, arows))
+    fb_rows = []
+    for t in tools:
+        for name in models:
+            fb = results.get(t, {}).get(name, {}).get("fallback")
+            if fb:
+                fb_rows.append([t, name, f"{fb['all_int8_db']:.1f}", f"{fb['final_db']:.1f}",
+                                str(len(fb["float_nodes"])), ", ".join(fb["float_nodes"][:4])
+                                + (" ..." if len(fb["float_nodes"]) > 4 else ""), f"{fb['seconds']:.1f}"])
+    if fb_rows:
+        out.append("")
+        out.append("Float fallback (output SQNR on the sensitivity samples, before and after):")
+        out.append("")
+        out.append(md_table(["tool", "model", "all INT8 dB", "after dB", "nodes in float", "which", "seconds"],
+                            fb_rows))
     return "\n".join(out)
 
 
@@ -232,6 +249,9 @@ def main():
     ap.add_argument("--methods", default="max",
                     help="comma-separated qdqgraph calibration methods, one output folder each "
                          "(e.g. max,entropy,percentile,mse; default %(default)s)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                    help="also run `qdqgraph insert ... ARGS` as tool qdqgraph-NAME, e.g. "
+                         "'fallback=--accuracy-budget 30 --max-float-layers 8' (repeatable)")
     ap.add_argument("--only", default="", help="comma-separated model names (default: all in the manifest)")
     ap.add_argument("--qdqgraph", default=None,
                     help="qdqgraph executable (default: the one beside this python, else on PATH)")
@@ -250,6 +270,13 @@ def main():
     zpy = a.zoo_python or str(zoo / "venv" / "bin" / "python")
     qdqgraph = a.qdqgraph or default_qdqgraph()
     methods = [m for m in a.methods.split(",") if m]
+    variants = {m: ["--method", m] for m in methods}
+    for v in a.variant:
+        name, _, args = v.partition("=")
+        if not name or not args:
+            ap.error(f"--variant {v!r}: write NAME=ARGS")
+        variants[name] = shlex.split(args)
+    methods = list(variants)
     problems = [str(p) for p in (Path(zpy), a.zoo_scripts / "eval_models.py", zoo / "models" / "manifest.json")
                 if not p.exists()]
     if problems:
@@ -278,7 +305,7 @@ def main():
         lg.mkdir(parents=True, exist_ok=True)
         seconds[m], inserts[m] = {}, {}
         for n in models:
-            r = quantize(qdqgraph, zoo, d, n, m, a.timeout, lg)
+            r = quantize(qdqgraph, zoo, d, n, variants[m], a.timeout, lg)
             inserts[m][n] = r
             seconds[m][n] = r["seconds"]
             log(f"qdqgraph-{m} {n}: {'ok' if r['ok'] else r['error']} ({r['seconds']:.1f} s)")
@@ -305,6 +332,9 @@ def main():
             if not inserts[m][n]["ok"]:
                 res[n] = {"insert_error": inserts[m][n]["error"]}
             res.setdefault(n, {}).update(insert_seconds=round(inserts[m][n]["seconds"], 2))
+            fb = (inserts[m][n].get("report") or {}).get("fallback")
+            if fb:
+                res[n]["fallback"] = {k: fb[k] for k in ("all_int8_db", "final_db", "float_nodes", "seconds")}
         results[tool] = res
 
     (out / "results.json").write_text(json.dumps({"models": models, "tools": tools, "results": results}, indent=1))
