@@ -190,7 +190,8 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
         return result
     from .sensitivity import choose_fallback, measure
     data = calibration_data(loaded, calib, samples, preprocess=preprocess)
-    sens, evaluate = measure(result.model, plan, data, sensitivity_samples)
+    sens, evaluate = measure(result.model, plan, data, sensitivity_samples,
+                             stop_above_db=accuracy_budget)
     chosen, final_db = choose_fallback(sens, evaluate, accuracy_budget, max_float_layers)
     gains = {u.node: u.gain_db for u in sens.units}
     report.fallback = {"budget_db": accuracy_budget, "max_float_layers": max_float_layers,

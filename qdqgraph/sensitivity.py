@@ -111,8 +111,10 @@ def _feed(batch: dict, flags: dict, on: set[str]) -> dict:
     return f
 
 
-def measure(quant_model: onnx.ModelProto, plan: Plan, data: CalibrationData, samples: int = 8) -> tuple:
-    """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float."""
+def measure(quant_model: onnx.ModelProto, plan: Plan, data: CalibrationData, samples: int = 8,
+            stop_above_db: float | None = None) -> tuple:
+    """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float.
+    With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it."""
     start = time.perf_counter()
     loaded = io.load(quant_model)
     graph, flags = switchable(loaded.graph, plan)
@@ -144,7 +146,8 @@ def measure(quant_model: onnx.ModelProto, plan: Plan, data: CalibrationData, sam
 
     all_db = sqnr_with_float(set())
     report = Sensitivity(min(seen, samples), all_db)
-    for u in sorted(units):
+    skip = stop_above_db is not None and all_db >= stop_above_db
+    for u in ([] if skip else sorted(units)):
         only_q = _sqnr(ref, flat(run({u})))
         only_f = sqnr_with_float({u})
         d = plan.decisions[u]
