@@ -1,0 +1,118 @@
+"""Compare a SimReport with a real engine's layers.
+
+Layers are joined by the ONNX node names they contain. An engine layer's name lists only some of
+the nodes TensorRT fused (weights, Conv, Add, the last Relu, MaxPool; not BN, not the activation Q/DQ
+it absorbed), so both sides are compared on the *visible* nodes: the ONNX node names that appear in
+some engine layer name. A layer's key is its set of visible nodes; a simulated layer with no visible
+node at all is a layer the engine does not have.
+
+- matched: same key, same input and output precisions;
+- precision: same key, different precisions;
+- grouping: a key on one side only (the nodes were fused differently);
+- reformats: standalone Q/DQ layers on each side.
+By default precisions compare as int8 vs float: with `--best` TensorRT picks FP16 or FP32 per layer by
+speed, which a strongly typed prediction (float = the tensors' type) cannot know; `exact=True`
+compares fp16 and fp32 too. Engine layout reformats and TensorRT's own NoOp/Constant layers carry no
+ONNX node and are listed, not compared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .engine_report import EngineLayer, EngineReport
+from .report import Layer, SimReport
+
+
+def _norm(p: str | None, exact: bool) -> str | None:
+    if p is None or exact:
+        return p
+    return "float" if p in ("fp32", "fp16", "bf16", "tf32") else p
+
+
+@dataclass
+class Diff:
+    matched: list[tuple[Layer, EngineLayer]] = field(default_factory=list)
+    precision: list[tuple[Layer, EngineLayer, str]] = field(default_factory=list)
+    engine_only: list[EngineLayer] = field(default_factory=list)
+    sim_only: list[Layer] = field(default_factory=list)
+    not_compared: list[EngineLayer] = field(default_factory=list)
+    sim_reformats: list[str] = field(default_factory=list)
+    engine_reformats: list[str] = field(default_factory=list)
+
+    @property
+    def compared(self) -> int:
+        return len(self.matched) + len(self.precision) + len(self.engine_only) + len(self.sim_only)
+
+    @property
+    def share(self) -> float:
+        """Matched layers over every layer compared on either side."""
+        return len(self.matched) / self.compared if self.compared else 0.0
+
+    @property
+    def summary(self) -> dict:
+        return {"matched": len(self.matched), "precision_differs": len(self.precision),
+                "grouping_engine_only": len(self.engine_only), "grouping_sim_only": len(self.sim_only),
+                "share": round(self.share, 4), "sim_reformats": len(self.sim_reformats),
+                "engine_reformats": len(self.engine_reformats), "engine_not_compared": len(self.not_compared)}
+
+    def to_dict(self) -> dict:
+        return {"summary": self.summary,
+                "precision": [{"layer": s.name, "engine": e.name, "why": w} for s, e, w in self.precision],
+                "engine_only": [e.name for e in self.engine_only], "sim_only": [s.name for s in self.sim_only],
+                "sim_reformats": self.sim_reformats, "engine_reformats": self.engine_reformats}
+
+    def table(self) -> str:
+        s = self.summary
+        head = (f"matched {s['matched']}/{self.compared} ({100 * self.share:.1f}%), precision differs "
+                f"{s['precision_differs']}, grouping differs {s['grouping_engine_only']} engine-only / "
+                f"{s['grouping_sim_only']} predicted-only; reformats predicted {s['sim_reformats']}, "
+                f"engine {s['engine_reformats']}")
+        lines = [head]
+        for sl, el, why in self.precision:
+            lines.append(f"  precision  {sl.name}: {why}")
+        for el in self.engine_only:
+            lines.append(f"  engine     {el.name}")
+        for sl in self.sim_only:
+            lines.append(f"  predicted  {sl.name}")
+        return "\n".join(lines)
+
+
+def _precisions(ports, exact):
+    return sorted(_norm(p, exact) or "?" for p in ports)
+
+
+def diff(sim: SimReport, engine: EngineReport, exact: bool = False) -> Diff:
+    names = sim.node_names
+    out = Diff()
+    ekeys: dict[frozenset, list[EngineLayer]] = {}
+    for e in engine.layers:
+        key = frozenset(t for t in e.tokens if t in names)
+        if e.layout or not key:
+            out.not_compared.append(e)
+            continue
+        ekeys.setdefault(key, []).append(e)
+    visible = set().union(*ekeys) if ekeys else set()
+    skeys: dict[frozenset, list[Layer]] = {}
+    for x in sim.layers:
+        key = frozenset(n for n in x.nodes if n in visible)
+        if not key:
+            out.sim_only.append(x)
+            continue
+        skeys.setdefault(key, []).append(x)
+    for key in sorted(set(ekeys) | set(skeys), key=lambda k: sorted(k)):
+        es, ss = ekeys.get(key, []), skeys.get(key, [])
+        for el, sl in zip(es, ss):
+            ei = _precisions([p for _, p in el.inputs], exact)
+            eo = _precisions([p for _, p in el.outputs], exact)
+            si = _precisions([p.precision for p in sl.inputs], exact)
+            so = _precisions([p.precision for p in sl.outputs], exact)
+            unknown = not el.inputs and not el.outputs
+            if unknown or (ei == si and eo == so):
+                out.matched.append((sl, el))
+            else:
+                out.precision.append((sl, el, f"predicted {si} -> {so}, engine {ei} -> {eo}"))
+        out.engine_only += es[len(ss):]
+        out.sim_only += ss[len(es):]
+    out.sim_reformats = [x.name for x in sim.reformats]
+    out.engine_reformats = [e.name for e in engine.reformats]
+    return out

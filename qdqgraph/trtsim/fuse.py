@@ -1,0 +1,375 @@
+"""Steps 5-6 of the simulation order: fuse the propagated graph into layers (rules/tensorrt/fusion.toml)
+and turn every Q, DQ or requantize that nothing absorbed into a standalone Reformat.
+
+Fusion runs by benefit: weighted layers first (each grows its epilogue chain: BN, bias,
+activation, one residual Add, a trailing Q, ConvActPool, a requantize), then reshapes in front of
+FC layers, then DQ -> Op -> Q layers of non-weighted ops, then INT8 data movement, then float
+ops. A node belongs to one layer; a DQ may be absorbed by several consumers (TensorRT clones it).
+"""
+from __future__ import annotations
+
+from .conditions import Ctx, LayerBuild, evaluate, op_matches
+from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
+from .rules import SimRuleSet
+from .trace import Trace
+
+_KINDS = (("conv", "convolution"), ("gemm", "gemm"), ("matmul", "matmul"), ("avg_pool", "pooling"),
+          ("max_pool", "pooling"), ("reduce_mean", "pooling"), ("concat", "concat"), ("pad", "padding"),
+          ("copy", "shuffle"), ("elementwise", "elementwise"), ("epilogue", "activation"),
+          ("softmax", "softmax"), ("layernorm", "normalization"))
+
+
+def kind_of(g: SimGraph, node: SNode) -> str:
+    if node.role == REQUANT:
+        return "requantize"
+    if node.role in (Q, DQ):
+        return "reformat"
+    for cls, kind in _KINDS:
+        if g.vocab.is_(node, cls):
+            return kind
+    return "op"
+
+
+class Fuser:
+    def __init__(self, g: SimGraph, rules: SimRuleSet, trace: Trace):
+        self.g, self.rules, self.trace = g, rules, trace
+        self.owner: dict[str, LayerBuild] = {}
+        self.absorbed: dict[str, set] = {}         # DQ name -> consumer edges (node name, index) absorbed
+        self.layers: list[LayerBuild] = []
+        self.buffers: list[LayerBuild] = []          # ops that became no layer (R6-concat-buffer)
+        self.candidates = residual_candidates(g, rules)
+
+    def ctx(self, layer=None, tensor=None) -> Ctx:
+        return Ctx(self.g, layer, tensor, self.candidates)
+
+    def first(self, action: str, node: SNode, layer=None, tensor=None, blame: list[str] = ()):
+        """The first rule of `action` that holds for `node`; misses are recorded on `blame` nodes
+        and the last reason is kept in `self.last_why`."""
+        self.last_why = ""
+        for rule in self.rules.for_action(action):
+            if not op_matches(self.g, rule, node):
+                continue
+            ok, why = evaluate(self.ctx(layer, tensor), rule, node)
+            if ok:
+                return rule
+            self.last_why = why
+            self.trace.miss(node.origin, rule.id, why)
+            if blame:
+                self.trace.miss(list(blame), rule.id, f"{node.name} ({node.op}): {why}" if node.role == OP else why)
+        return None
+
+    def own(self, layer: LayerBuild, node: SNode, rule_id: str | None = None):
+        layer.absorb(node)
+        self.owner[node.name] = layer
+        self.trace.fired(rule_id or layer.rule, node.origin, f"{node.name} in the layer of {layer.anchor.name}")
+
+    def absorb_dq(self, layer: LayerBuild, dq: SNode, consumer: SNode, rule_id: str | None = None):
+        layer.absorb(dq)
+        self.trace.fired(rule_id or layer.rule, dq.origin, f"{dq.name} -> {consumer.name} in the layer of {layer.anchor.name}")
+        for i, t in enumerate(consumer.inputs):
+            if t == dq.outputs[0]:
+                self.absorbed.setdefault(dq.name, set()).add((consumer.name, i))
+
+    # ------------------------------------------------------------------ weighted layers
+
+    def weighted(self, node: SNode):
+        g = self.g
+        dqs = [g.producer(t) for t in node.inputs[:2] if t and g.producer(t) is not None]
+        dqs = [d for d in dqs if d.role == DQ]
+        rule = self.first("weighted", node, blame=[o for d in dqs for o in d.origin])
+        if rule is None:
+            return
+        layer = LayerBuild(node, rule.id, kind_of(g, node))
+        int8 = rule.when and "dequantized_inputs" in rule.when
+        for t in node.inputs[:2]:
+            if not t:
+                continue
+            p = g.producer(t)
+            if g.is_const(t):
+                layer.nodes += [w for w in g.tensors[t].weight_of if w not in layer.nodes]
+            elif int8 and p is not None and p.role == DQ:
+                self.absorb_dq(layer, p, node)
+                layer.inputs.append(p.inputs[0])
+            else:
+                layer.inputs.append(t)
+        self.own(layer, node)
+        layer.out = node.outputs[0]
+        self.epilogue(layer)
+        self.output(layer)
+        self.layers.append(layer)
+
+    def epilogue(self, layer: LayerBuild):
+        g = self.g
+        while True:
+            t = layer.out
+            if g.is_graph_output(t):
+                layer.float_reason = f"{t} is a graph output"
+                return
+            fired = None
+            for c in {c.name: c for c, _ in g.consumers(t)}.values():
+                if c.role != OP or c.name in self.owner:
+                    continue
+                rule = self.first("epilogue", c, layer, t)
+                if rule is not None:
+                    fired = (rule, c)
+                    break
+            if fired is None:
+                return
+            rule, c = fired
+            data = g.data_inputs(c)
+            if len(data) == 2 and g.vocab.is_(c, "add"):
+                layer.residual = data[1] if data[0] == t else data[0]
+            self.own(layer, c, rule.id)
+            layer.out = c.outputs[0]
+            if g.vocab.is_(c, "epilogue"):
+                layer.has_activation = True
+            if rule.when and "swish_pair" in rule.when:
+                mul = next(m for m, _ in g.consumers(t) if m is not c)
+                self.own(layer, mul, rule.id)
+                layer.out = mul.outputs[0]
+
+    def output(self, layer: LayerBuild):
+        """Trailing Q (F2, F3), the residual's precision (F3), then ConvActPool and requantize."""
+        g = self.g
+        t = layer.out
+        qs = [c for c, _ in g.consumers(t) if c.role == Q and c.name not in self.owner]
+        for q in qs:
+            rule = self.first("output_q", q, layer, t, blame=q.origin)
+            if rule is not None:
+                self.own(layer, q, rule.id)
+                layer.out, layer.out_int8 = q.outputs[0], True
+                break
+            layer.float_reason = f"{q.name}: {self.last_why}"
+        if not qs and not layer.float_reason:
+            names = ", ".join(c.name for c, _ in g.consumers(t)) or "nothing"
+            layer.float_reason = f"{t} feeds {names}, no Q"
+        if layer.residual is not None:
+            p = g.producer(layer.residual)
+            if p is not None and p.role == DQ:
+                add = next(c for c in layer.members if layer.residual in c.inputs and c.role == OP and c is not layer.anchor)
+                rule = self.first("residual_dq", p, layer, layer.residual, blame=p.origin)
+                if rule is not None:
+                    self.absorb_dq(layer, p, add, rule.id)
+                    layer.inputs.append(p.inputs[0])
+                else:
+                    layer.inputs.append(layer.residual)
+            else:
+                layer.inputs.append(layer.residual)
+        self.tail(layer)
+
+    def tail(self, layer: LayerBuild):
+        """After an INT8 output: ConvActPool, a requantize (each needs to be the only consumer)."""
+        g = self.g
+        while layer.out_int8 and not g.is_graph_output(layer.out):
+            fired = None
+            for c in {c.name: c for c, _ in g.consumers(layer.out)}.values():
+                if c.name in self.owner:
+                    continue
+                blame = c.origin if c.role == REQUANT else ()
+                rule = (self.first("post_pool", c, layer, layer.out, blame)
+                        or self.first("requant_fuse", c, layer, layer.out, blame))
+                if rule is not None:
+                    fired = (rule, c)
+                    break
+            if fired is None:
+                return
+            rule, c = fired
+            self.own(layer, c, rule.id)
+            layer.out = c.outputs[0]
+
+    # ------------------------------------------------------------------ the other layers
+
+    def fc_reshape(self, node: SNode):
+        rule = self.first("fc_reshape", node)
+        if rule is None:
+            return
+        g = self.g
+        out = node.outputs[0]
+        nxt = g.consumers(out)[0][0]
+        target = g.consumers(nxt.outputs[0])[0][0] if nxt.role == DQ else nxt
+        layer = self.owner.get(target.name)
+        if layer is None:
+            return
+        if nxt.role == DQ and nxt.name not in [m.name for m in layer.members]:
+            return  # the FC did not take the DQ: the reshape stays on its own
+        src = g.data_inputs(node)[0]
+        layer.inputs = [src if t == out else t for t in layer.inputs]
+        layer.nodes[:0] = [o for o in node.origin if o not in layer.nodes]
+        layer.members.append(node)
+        self.owner[node.name] = layer
+        self.trace.fired(rule.id, node.origin, f"{node.name} in the layer of {layer.anchor.name}")
+
+    def quantized_op(self, node: SNode):
+        g = self.g
+        dqs = [g.producer(t) for t in g.data_inputs(node)]
+        dqs = [d for d in dqs if d is not None and d.role == DQ]
+        qs = [c for o in node.outputs if o for c, _ in g.consumers(o) if c.role == Q]
+        rule = self.first("quantized_op", node, blame=[o for d in dqs + qs for o in d.origin])
+        if rule is None:
+            return False
+        layer = LayerBuild(node, rule.id, kind_of(g, node))
+        for t in g.data_inputs(node):
+            d = g.producer(t)
+            self.absorb_dq(layer, d, node)
+            layer.inputs.append(d.inputs[0])
+        self.own(layer, node)
+        q = g.consumers(node.outputs[0])[0][0]
+        self.own(layer, q, rule.id)
+        layer.out, layer.out_int8 = q.outputs[0], True
+        self.tail(layer)
+        self.layers.append(layer)
+        return True
+
+    def buffer(self, node: SNode) -> bool:
+        """An INT8 op that is no layer at all (a Concat whose inputs write into one buffer)."""
+        rule = self.first("buffer", node)
+        if rule is None:
+            return False
+        build = LayerBuild(node, rule.id, "buffer")
+        build.inputs = list(dict.fromkeys(self.g.data_inputs(node)))
+        self.own(build, node, rule.id)
+        build.out = node.outputs[0]
+        self.buffers.append(build)
+        return True
+
+    def simple(self, node: SNode, action: str):
+        g = self.g
+        rule = self.first(action, node)
+        if rule is None:
+            return False
+        layer = LayerBuild(node, rule.id, kind_of(g, node))
+        layer.inputs = list(dict.fromkeys(g.data_inputs(node)))
+        self.own(layer, node)
+        outs = [o for o in node.outputs if o]
+        layer.out = outs[0] if outs else ""
+        layer.extra_outputs = outs[1:]
+        layer.out_int8 = node.int8
+        self.layers.append(layer)
+        return True
+
+    def reformats(self):
+        g = self.g
+        rule = self.rules.rule("reformat")
+        shared: dict[tuple, LayerBuild] = {}     # (int8 tensor, parameters) -> the Reformat of those DQs
+        for n in g.order():
+            if n.name in self.owner or n.role not in (Q, DQ, REQUANT):
+                continue
+            if n.role == DQ:
+                edges = {(c.name, i) for c, i in g.consumers(n.outputs[0]) if not self.is_shape_only(c)}
+                left = edges - self.absorbed.get(n.name, set())
+                if not left and not g.is_graph_output(n.outputs[0]):
+                    continue
+                for c_name, _ in sorted(left):
+                    owner = self.owner.get(c_name)
+                    where = f"the {owner.rule} layer of {owner.anchor.name}" if owner else g.nodes[c_name].op
+                    self.trace.miss(n.origin, rule.id, f"{c_name} ({where}) reads it in float")
+                key = (n.inputs[0], n.qp.key())
+                if key in shared:
+                    shared[key].absorb(n)
+                    shared[key].extra_outputs.append(n.outputs[0])
+                    self.owner[n.name] = shared[key]
+                    self.trace.fired(rule.id, n.origin, f"{n.name} shares the Reformat of {shared[key].anchor.name}")
+                    continue
+            elif n.role == Q and g.producer(n.inputs[0]) is None:
+                self.trace.miss(n.origin, rule.id, f"its input {n.inputs[0]} is a graph input: a Q on a network "
+                                                   "input runs as a standalone Reformat (P12)")
+            elif n.role == Q:
+                p = g.producer(n.inputs[0])
+                owner = self.owner.get(p.name)
+                tried = {r.id for r in self.rules.for_action("output_q")} & set(self.trace.misses.get(n.name, {}))
+                if not tried:
+                    where = f"the {owner.rule} layer of {owner.anchor.name}" if owner else "no layer"
+                    self.trace.miss(n.origin, rule.id, f"its producer {p.name} ({p.op}) is in {where}, which "
+                                    "takes no output scale (only weighted layers, F2, and DQ -> Op -> Q, F4, do)")
+            layer = LayerBuild(n, rule.id, kind_of(g, n))
+            layer.inputs = [n.inputs[0]]
+            self.own(layer, n)
+            layer.out = n.outputs[0]
+            layer.out_int8 = n.role in (Q, REQUANT)
+            layer.reformat = True
+            self.layers.append(layer)
+            if n.role == DQ:
+                shared[(n.inputs[0], n.qp.key())] = layer
+
+    def is_shape_only(self, node: SNode) -> bool:
+        """Ops with no float or INT8 output (Shape, index math): not layers of their own here."""
+        return node.role == OP and not any(self.g.carries_data(o) for o in node.outputs if o)
+
+    def run(self) -> list[LayerBuild]:
+        g = self.g
+        order = g.order()
+        for n in order:
+            if n.role == OP and n.name not in self.owner and g.vocab.is_(n, "weighted"):
+                self.weighted(n)
+        for n in reversed(order):
+            if n.role == OP and n.name not in self.owner:
+                self.fc_reshape(n)
+        for n in order:
+            if n.role == OP and n.name not in self.owner:
+                self.quantized_op(n)
+        for n in order:
+            if n.role == OP and n.name not in self.owner and n.int8:
+                self.buffer(n) or self.simple(n, "int8_copy")
+        for n in order:
+            if n.role == OP and n.name not in self.owner and not self.is_shape_only(n):
+                self.simple(n, "float")
+        self.reformats()
+        return self.layers
+
+
+def residual_candidates(g: SimGraph, rules: SimRuleSet) -> dict[str, str]:
+    """For each Add of two activations: the weighted op it fuses into. A candidate is an input
+    reached from a weighted op through epilogue ops (BN, bias, activation), each tensor on the way
+    used once. Among two candidates the shallower (shortcut) conv takes the Add; on a tie, the
+    later input (TREX resnet18 qat: `downsample Conv_95 + Add_97`, conv2 Conv_84 its residual)."""
+    depth = g.depth()
+    plain = [r for r in rules.for_action("epilogue") if "two_activations" not in r.when]
+    out = {}
+    for add in g.order():
+        if add.role != OP or not g.vocab.is_(add, "add") or len(g.data_inputs(add)) != 2:
+            continue
+        found = []
+        for idx, t in enumerate(g.data_inputs(add)):
+            w = _chain_head(g, plain, add, t)
+            if w is not None:
+                found.append((depth[w.name], -idx, w.name))
+        if found:
+            out[add.name] = min(found)[2]
+    return out
+
+
+def _chain_head(g: SimGraph, plain_rules, consumer: SNode, t: str, limit: int = 8) -> SNode | None:
+    for _ in range(limit):
+        if g.is_graph_output(t) or (len(g.consumers(t)) != 1 and _swish_parts(g, consumer) is None):
+            return None
+        p = g.producer(t)
+        if p is None or p.role != OP:
+            return None
+        if g.vocab.is_(p, "weighted"):
+            return p
+        data = g.data_inputs(p)
+        if not data:
+            return None
+        src, node = data[0], p
+        parts = _swish_parts(g, p)
+        if parts is not None:
+            src, node = parts
+        ok = any(evaluate(Ctx(g, None, src), r, node)[0] for r in plain_rules if op_matches(g, r, node))
+        if not ok:
+            return None
+        consumer, t = p, src
+    return None
+
+
+def _swish_parts(g: SimGraph, node: SNode):
+    """(x, gate node) if `node` is the Mul of x * gate(x), else None."""
+    if not g.vocab.is_(node, "mul"):
+        return None
+    data = g.data_inputs(node)
+    if len(data) != 2:
+        return None
+    for a, b in (data, data[::-1]):
+        p = g.producer(b)
+        if p is not None and p.role == OP and g.vocab.is_(p, "gate") and p.inputs[:1] == [a]:
+            return a, p
+    return None

@@ -1,0 +1,299 @@
+"""The simulator's working copy of a graph: plain nodes and tensors that the passes may rewrite.
+
+`SimGraph.from_gs(graph)` copies a graphsurgeon graph (the caller's graph is never touched). Each
+node knows its role (an ordinary op, a Q, a DQ, or a requantize the simulator created) and the
+ONNX node names it stands for (`origin`: a clone or a merged Q keeps the names of the nodes it came
+from). Node order never matters: `order()` is a topological order with ties broken by a natural
+sort of node names, so the same graph in any node order gives the same walk.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..ops import Vocabulary, vocabulary
+from ..view import GraphView, is_float_dtype
+
+OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
+
+
+def natural_key(name: str) -> tuple:
+    """'Conv_9' < 'Conv_10': digits compare as numbers."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Scale, zero point and axis of a Q or DQ; equal only when identical (R7: exact float32)."""
+
+    scale: np.ndarray | None          # None: not a constant (TensorRT rejects it; never equal)
+    zero_point: np.ndarray | None
+    axis: int | None                  # None for per-tensor
+    owner: str = ""                   # node name, to keep non-constant scales distinct
+
+    def key(self):
+        if self.scale is None:
+            return ("opaque", self.owner)
+        zp = self.zero_point
+        zp_key = ("none",) if zp is None else (str(zp.dtype), zp.shape, zp.tobytes())
+        return (str(self.scale.dtype), self.scale.shape, self.scale.tobytes(), zp_key, self.axis)
+
+    def same(self, other: "QParams") -> bool:
+        return self.key() == other.key()
+
+    @property
+    def float_dtype(self):
+        return self.scale.dtype if self.scale is not None else np.dtype(np.float32)
+
+
+@dataclass
+class SNode:
+    name: str
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    role: str = OP
+    qp: QParams | None = None          # Q, DQ: its parameters; REQUANT: the output parameters
+    origin: list[str] = field(default_factory=list)
+    int8: bool = False                 # an op that propagation moved into the INT8 region
+    moved_by: str | None = None        # the propagation rule that did it
+
+
+@dataclass
+class STensor:
+    name: str
+    dtype: object = None               # numpy dtype or None
+    shape: tuple | None = None
+    value: np.ndarray | None = None    # constants
+    weight_of: list[str] = field(default_factory=list)  # folded weight Q/DQ node names (INT8 weight)
+    folded_from: list[str] = field(default_factory=list)  # ops folded into this constant
+
+    @property
+    def is_const(self) -> bool:
+        return self.value is not None or bool(self.weight_of) or bool(self.folded_from)
+
+
+class SimGraph:
+    def __init__(self, vocab: Vocabulary | None = None):
+        self.vocab = vocab or vocabulary()
+        self.nodes: dict[str, SNode] = {}
+        self.tensors: dict[str, STensor] = {}
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
+        self.onnx_names: dict[str, str] = {}   # every ONNX node name of the source graph -> op type
+        self._index = None
+        self._order = None
+        self._counter = 0
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_gs(cls, graph: gs.Graph, vocab: Vocabulary | None = None) -> "SimGraph":
+        graph = graph.copy()      # GraphView fills dtypes in node order: give it a topological one
+        graph.toposort()
+        view = GraphView(graph, vocab)
+        g = cls(view.vocab)
+        g.inputs = [t.name for t in graph.inputs]
+        g.outputs = [t.name for t in graph.outputs]
+        for name, t in view.tensors.items():
+            if not name:
+                continue
+            value = view.constant_value(t)
+            shape = view.shape(t)
+            g.tensors[name] = STensor(name, view.dtype(t), shape,
+                                      None if value is None else np.asarray(value))
+        used: set[str] = set()
+        for n in graph.nodes:
+            if view.vocab.is_(n, "constant") and all(g.tensors[o.name].is_const for o in n.outputs if o.name):
+                continue  # a Constant node is its value
+            name = n.name or f"{n.op}({n.outputs[0].name if n.outputs else ''})"
+            while name in used:
+                name = f"{name}/{n.outputs[0].name if n.outputs else 'x'}"
+            used.add(name)
+            node = SNode(name, n.op, [t.name for t in n.inputs], [t.name for t in n.outputs],
+                         dict(n.attrs), origin=[name])
+            if view.vocab.is_(n, "quantize"):
+                node.role = Q
+            elif view.vocab.is_(n, "dequantize"):
+                node.role = DQ
+            if node.role in (Q, DQ):
+                node.qp = g._qparams(node)
+            g.nodes[name] = node
+            g.onnx_names[name] = n.op
+        g.touch()
+        return g
+
+    def _qparams(self, node: SNode) -> QParams:
+        scale = self.const(node.inputs[1]) if len(node.inputs) > 1 else None
+        zp = self.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+        axis = None
+        if scale is not None and scale.size > 1:
+            axis = int(node.attrs.get("axis", 1))
+        return QParams(scale, zp, axis, owner=node.name)
+
+    # ------------------------------------------------------------------ queries
+
+    def const(self, tensor: str):
+        t = self.tensors.get(tensor)
+        return None if t is None else t.value
+
+    def is_const(self, tensor: str) -> bool:
+        t = self.tensors.get(tensor)
+        return t is not None and t.is_const
+
+    def touch(self):
+        self._index = None
+        self._order = None
+
+    def _build_index(self):
+        producer, consumers = {}, {}
+        for n in self.nodes.values():
+            for o in n.outputs:
+                if o:
+                    producer[o] = n
+            for i, t in enumerate(n.inputs):
+                if t:
+                    consumers.setdefault(t, []).append((n, i))
+        for lst in consumers.values():
+            lst.sort(key=lambda c: (natural_key(c[0].name), c[1]))
+        self._index = (producer, consumers)
+
+    def producer(self, tensor: str) -> SNode | None:
+        if self._index is None:
+            self._build_index()
+        return self._index[0].get(tensor)
+
+    def consumers(self, tensor: str) -> list[tuple[SNode, int]]:
+        if self._index is None:
+            self._build_index()
+        return list(self._index[1].get(tensor, ()))
+
+    def data_inputs(self, node: SNode) -> list[str]:
+        """Inputs that carry activations: float or INT8, not constants, not folded weights (an
+        integer shape or index input is not one)."""
+        return [t for t in node.inputs if t and not self.is_const(t) and self.carries_data(t)]
+
+    def carries_data(self, tensor: str) -> bool:
+        t = self.tensors.get(tensor)
+        if t is None or t.dtype is None or self.is_int8(tensor):
+            return True
+        return is_float_dtype(t.dtype)
+
+    def float_constant_inputs(self, node: SNode) -> list[str]:
+        return [t for t in node.inputs if t and self.tensors.get(t) is not None
+                and self.tensors[t].value is not None and is_float_dtype(self.tensors[t].value.dtype)]
+
+    def is_int8(self, tensor: str) -> bool:
+        """Does the tensor hold INT8 data in the simulated engine?"""
+        p = self.producer(tensor)
+        if p is None:
+            t = self.tensors.get(tensor)
+            return t is not None and t.dtype is not None and np.dtype(t.dtype) == np.int8
+        return p.role in (Q, REQUANT) or (p.role == OP and p.int8)
+
+    def is_float(self, tensor: str) -> bool:
+        t = self.tensors.get(tensor)
+        return t is not None and is_float_dtype(t.dtype) and not self.is_int8(tensor)
+
+    def float_precision(self, tensor: str) -> str:
+        """fp16 when the tensor is float16, else fp32 (strong typing: DQ output type = scale type)."""
+        t = self.tensors.get(tensor)
+        p = self.producer(tensor)
+        dtype = t.dtype if t is not None else None
+        if p is not None and p.role == DQ and p.qp is not None:
+            dtype = p.qp.float_dtype
+        return "fp16" if dtype is not None and np.dtype(dtype) == np.float16 else "fp32"
+
+    def precision(self, tensor: str) -> str:
+        return "int8" if self.is_int8(tensor) else self.float_precision(tensor)
+
+    def is_graph_output(self, tensor: str) -> bool:
+        return tensor in self.outputs
+
+    def is_graph_input(self, tensor: str) -> bool:
+        return tensor in self.inputs
+
+    def order(self) -> list[SNode]:
+        """Topological order, ties broken by natural node-name order (independent of input order)."""
+        if self._order is not None:
+            return self._order
+        import heapq
+        indeg, succ = {}, {}
+        for n in self.nodes.values():
+            preds = {self.producer(t).name for t in n.inputs if t and self.producer(t) is not None}
+            preds.discard(n.name)
+            indeg[n.name] = len(preds)
+            for p in preds:
+                succ.setdefault(p, []).append(n.name)
+        heap = [(natural_key(k), k) for k, d in indeg.items() if d == 0]
+        heapq.heapify(heap)
+        out = []
+        while heap:
+            _, name = heapq.heappop(heap)
+            out.append(self.nodes[name])
+            for s in succ.get(name, ()):
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    heapq.heappush(heap, (natural_key(s), s))
+        if len(out) != len(self.nodes):
+            raise ValueError("the graph has a cycle")
+        self._order = out
+        return out
+
+    def depth(self) -> dict[str, int]:
+        """Longest path (in nodes) from the graph inputs to each node."""
+        d = {}
+        for n in self.order():
+            preds = [self.producer(t) for t in n.inputs if t and self.producer(t) is not None]
+            d[n.name] = 1 + max((d[p.name] for p in preds), default=0)
+        return d
+
+    # ------------------------------------------------------------------ edits
+
+    def prune(self) -> list[str]:
+        """Remove nodes whose outputs nothing reads (TensorRT builds no layer for them)."""
+        removed = []
+        while True:
+            dead = [n for n in self.order() if not any(o and (self.consumers(o) or self.is_graph_output(o))
+                                                       for o in n.outputs)]
+            if not dead:
+                return removed
+            for n in dead:
+                removed += n.origin
+                self.remove(n)
+
+    def fresh(self, base: str) -> str:
+        name = base
+        while name in self.nodes or name in self.tensors:
+            self._counter += 1
+            name = f"{base}_{self._counter}"
+        return name
+
+    def add_tensor(self, name: str, like: str | None = None, dtype=None) -> str:
+        src = self.tensors.get(like) if like else None
+        self.tensors[name] = STensor(name, dtype if dtype is not None else (src.dtype if src else None),
+                                     src.shape if src else None)
+        return name
+
+    def add(self, node: SNode) -> SNode:
+        assert node.name not in self.nodes, node.name
+        self.nodes[node.name] = node
+        self.touch()
+        return node
+
+    def remove(self, node: SNode):
+        del self.nodes[node.name]
+        self.touch()
+
+    def replace_uses(self, old: str, new: str, only: list[tuple[SNode, int]] | None = None):
+        """Point consumers of tensor `old` (all, or the given edges) at `new`; graph outputs too."""
+        edges = self.consumers(old) if only is None else only
+        for n, i in edges:
+            n.inputs[i] = new
+        if only is None and old in self.outputs:
+            self.outputs = [new if o == old else o for o in self.outputs]
+        self.touch()

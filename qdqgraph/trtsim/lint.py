@@ -1,0 +1,143 @@
+"""Lint a Q/DQ graph for placements that TensorRT rejects or that cost fusion (codes QDQ2xx).
+
+| code   | finding                                                      | rule       |
+|--------|--------------------------------------------------------------|------------|
+| QDQ201 | Q/DQ between a weighted op and its BN or activation           | P4, F8     |
+| QDQ202 | both inputs of a residual Add quantized                       | P6, F8     |
+| QDQ203 | unequal scales in a Concat group (inputs and output)          | P8, R6     |
+| QDQ204 | Qs on one tensor with unequal scales (they must merge)        | R5-c, R7   |
+| QDQ205 | a quantized bias                                              | P3         |
+| QDQ206 | per-channel Q/DQ without an explicit axis                     | C3         |
+| QDQ207 | non-zero zero point                                           | C2         |
+| QDQ208 | non-positive or non-finite scale                              | C3         |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import DQ, OP, Q, SimGraph, SNode
+from .simulate import as_graph
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    node: str
+    message: str
+    fix: str
+
+    def __str__(self):
+        return f"{self.code} {self.node}: {self.message} (fix: {self.fix})"
+
+
+def _qdq_source(g: SimGraph, tensor: str):
+    """(Q, DQ) if `tensor` is DQ(Q(x)) or (None, DQ) for DQ(int8), else None."""
+    dq = g.producer(tensor)
+    if dq is None or dq.role != DQ:
+        return None
+    q = g.producer(dq.inputs[0])
+    return (q if q is not None and q.role == Q else None), dq
+
+
+def _const_qdq(g: SimGraph, tensor: str) -> bool:
+    """Is `tensor` DQ(constant) or DQ(Q(constant))?"""
+    src = _qdq_source(g, tensor)
+    if src is None:
+        return False
+    q, dq = src
+    return g.is_const(dq.inputs[0]) or (q is not None and g.is_const(q.inputs[0]))
+
+
+def _conv_pattern(g: SimGraph, tensor: str, limit: int = 4) -> SNode | None:
+    """The weighted op at the head of Conv[->BN][->Act] ending in `tensor`, each tensor used once."""
+    for _ in range(limit):
+        if len(g.consumers(tensor)) != 1:
+            return None
+        p = g.producer(tensor)
+        if p is None or p.role != OP:
+            return None
+        if g.vocab.is_(p, "weighted"):
+            return p
+        if not (g.vocab.is_(p, "batchnorm") or g.vocab.is_(p, "epilogue")) or not g.data_inputs(p):
+            return None
+        tensor = g.data_inputs(p)[0]
+    return None
+
+
+def _scale_check(n: SNode) -> list[Diagnostic]:
+    out = []
+    qp = n.qp
+    if qp.scale is not None:
+        bad = ~np.isfinite(qp.scale.astype(np.float64)) | (qp.scale <= 0)
+        if bad.any():
+            out.append(Diagnostic("QDQ208", n.name, f"scale has {int(bad.sum())} non-positive or non-finite "
+                                  f"value(s) (e.g. {qp.scale.reshape(-1)[bad.reshape(-1)][0]})",
+                                  "scales must be finite and > 0; use 1.0 for an all-zero tensor (C3)"))
+        if qp.scale.size > 1 and "axis" not in n.attrs:
+            out.append(Diagnostic("QDQ206", n.name, f"per-channel scale ({qp.scale.size} values) without `axis`: "
+                                  "TensorRT's parser assumes axis 0, ONNX assumes 1",
+                                  "write axis explicitly (C3)"))
+    if qp.zero_point is not None and np.any(qp.zero_point != 0):
+        out.append(Diagnostic("QDQ207", n.name, "non-zero zero point: TensorRT only supports symmetric quantization",
+                              "use zero point 0 (int8) or omit it (C2)"))
+    return out
+
+
+def lint(model) -> list[Diagnostic]:
+    """Diagnostics for a Q/DQ graph (gs.Graph, Loaded, ModelProto or path), in node order."""
+    g = SimGraph.from_gs(as_graph(model))
+    v = g.vocab
+    out: list[Diagnostic] = []
+    for n in g.order():
+        if n.role in (Q, DQ):
+            out += _scale_check(n)
+        if n.role == Q:
+            qs = [c for c, i in g.consumers(n.inputs[0]) if c.role == Q and i == 0]
+            if qs and qs[0] is n and len({q.qp.key() for q in qs}) > 1:
+                out.append(Diagnostic("QDQ204", n.name, f"Qs {', '.join(q.name for q in qs)} on tensor {n.inputs[0]} "
+                                      "have different scales: they cannot merge, so none propagates (R5-c)",
+                                      "quantize each tensor once (P5) or give the Qs one scale (R7)"))
+            p = g.producer(n.inputs[0])
+            if p is not None and p.role == OP and (v.is_(p, "weighted") or v.is_(p, "batchnorm")):
+                dq_users = [c for dq, _ in g.consumers(n.outputs[0]) if dq.role == DQ
+                            for c, _ in g.consumers(dq.outputs[0])]
+                inner = [c for c in dq_users if c.role == OP and (v.is_(c, "batchnorm") or v.is_(c, "epilogue"))]
+                if inner:
+                    out.append(Diagnostic("QDQ201", n.name, f"Q/DQ between {p.name} ({p.op}) and {inner[0].name} "
+                                          f"({inner[0].op}) stops TensorRT folding/fusing them into one kernel",
+                                          "remove it and quantize after the activation (P4)"))
+        if n.role != OP:
+            continue
+        acts = [t for t in g.data_inputs(n) if not _const_qdq(g, t)]
+        if v.is_(n, "add") and len(acts) == 2:
+            srcs = [_qdq_source(g, t) for t in acts]
+            if all(s is not None for s in srcs):
+                conv_side = [s for s in srcs if s[0] is not None and _conv_pattern(g, s[0].inputs[0]) is not None]
+                if conv_side:
+                    q = conv_side[0][0]
+                    out.append(Diagnostic("QDQ202", n.name, f"both inputs of the residual Add are quantized; the Q/DQ "
+                                          f"on the conv branch ({q.name}) blocks the Conv + Add fusion",
+                                          f"remove {q.name} and its DQ: quantize the skip input only (P6)"))
+        if v.is_(n, "concat"):
+            params = {}
+            for t in g.data_inputs(n):
+                s = _qdq_source(g, t)
+                if s is not None:
+                    params[s[1].name] = s[1].qp
+            params.update({c.name: c.qp for c, _ in g.consumers(n.outputs[0]) if c.role == Q})
+            if len({p.key() for p in params.values()}) > 1:
+                out.append(Diagnostic("QDQ203", n.name, f"the Concat group ({', '.join(sorted(params))}) has unequal "
+                                      "scales: TensorRT adds requantizes instead of one shared buffer (R6)",
+                                      "calibrate the inputs and output as one group and share one scale (P8)"))
+        if v.is_(n, "weighted") and len(n.inputs) > 2 and n.inputs[2]:
+            s = _qdq_source(g, n.inputs[2])
+            if s is not None:
+                out.append(Diagnostic("QDQ205", s[1].name, f"the bias of {n.name} is quantized",
+                                      "keep the bias float: TensorRT quantizes it to INT32 itself (P3)"))
+        biases = [t for t in n.inputs if t and _const_qdq(g, t)]
+        if v.is_(n, "add") and biases and len(acts) == 1 and _conv_pattern(g, acts[0]) is not None:
+            out.append(Diagnostic("QDQ205", g.producer(biases[0]).name, f"the bias added by {n.name} is quantized",
+                                  "keep the bias float: TensorRT quantizes it to INT32 itself (P3)"))
+    return out

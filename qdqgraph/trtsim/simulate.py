@@ -1,0 +1,77 @@
+"""`simulate(graph)`: the simulation order of TRT_RULES.md section 2 on a copy of the graph, then a
+SimReport. The caller's graph is never modified."""
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from .conditions import LayerBuild
+from .flops import node_flops
+from .fuse import Fuser
+from .ir import SimGraph
+from .propagate import fold_weights, pair_up, propagate
+from .report import Layer, Port, SimReport
+from .rules import SimRuleSet, load_sim_rules
+from .trace import Trace
+
+
+def as_graph(model) -> gs.Graph:
+    """A graphsurgeon graph from a graph, a qdqgraph Loaded, a ModelProto or a path."""
+    if isinstance(model, gs.Graph):
+        return model
+    if hasattr(model, "graph") and isinstance(model.graph, gs.Graph):
+        return model.graph
+    from .. import io
+    return io.load(model).graph
+
+
+def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None) -> SimReport:
+    """Predict how TensorRT fuses a Q/DQ graph: layers, their precisions, and the reformats."""
+    graph = as_graph(model)
+    rules = rules or load_sim_rules()
+    g = SimGraph.from_gs(graph)
+    unused = g.prune()
+    trace = Trace()
+    folded = fold_weights(g, rules, trace)
+    steps = propagate(g, rules, trace, bound)
+    eliminated = pair_up(g, rules, trace)
+    position = {n.name: i for i, n in enumerate(g.order())}
+    fuser = Fuser(g, rules, trace)
+    builds = sorted(fuser.run(), key=lambda b: position[b.anchor.name])
+    eliminated += [(b.nodes, b.rule, b.inputs, [b.out]) for b in fuser.buffers]
+    layers = [_layer(g, b, trace) for b in builds]
+    in_layers = {n for x in layers for n in x.nodes}
+    folded = [n for n in folded if n not in in_layers]     # a folded weight's ops are in its layer
+    total = sum(x.flops for x in layers)
+    for x in layers:
+        x.flops_share = x.flops / total if total else 0.0
+    return SimReport(
+        layers=layers,
+        eliminated=[_removed(*e) for e in eliminated] + (
+            [{"nodes": unused, "rule": "unused"}] if unused else []) + (
+            [{"nodes": folded, "rule": "constant"}] if folded else []),
+        events=[{"rule": e.rule, "nodes": e.nodes, "detail": e.detail} for e in trace.events],
+        node_names=set(g.onnx_names),
+        graph_inputs=[(t.name, t.dtype, t.shape) for t in graph.inputs],
+        graph_outputs=[(t.name, t.dtype, t.shape) for t in graph.outputs],
+        steps=steps, misses=trace.misses, final=(g, rules),
+        shapes={t.name: t.shape for t in g.tensors.values() if t.shape is not None})
+
+
+def _layer(g: SimGraph, b: LayerBuild, trace: Trace) -> Layer:
+    outs = [o for o in [b.out] + b.extra_outputs if o]
+    ops = [g.onnx_names.get(n, "?") for n in b.nodes]
+    flops = sum(node_flops(g, m) for m in b.members)
+    at_io = b.reformat and (any(g.is_graph_input(t) for t in b.inputs) or any(g.is_graph_output(t) for t in outs))
+    return Layer(name=" + ".join(b.nodes), nodes=list(b.nodes), ops=ops, kind=b.kind,
+                 inputs=[Port(t, g.precision(t)) for t in b.inputs],
+                 outputs=[Port(t, g.precision(t)) for t in outs],
+                 reformat=b.reformat, rule=b.rule, flops=flops, at_graph_io=at_io,
+                 why=trace.why(b.nodes) if b.reformat else [])
+
+
+def _removed(nodes, rule, inputs=(), outputs=()) -> dict:
+    """A group of ONNX nodes that became no layer; a buffer keeps its tensors (for the ONNX export)."""
+    d = {"nodes": list(nodes), "rule": rule}
+    if outputs:
+        d["inputs"], d["outputs"] = list(inputs), list(outputs)
+    return d
