@@ -87,6 +87,45 @@ def _add_calibrate(sub):
     p.set_defaults(run=_run_calibrate)
 
 
+def _add_report(sub):
+    p = sub.add_parser("report", help="predict TensorRT's layers, precisions and reformats for any Q/DQ model",
+                       description="Simulate TensorRT's explicit-quantization optimizer (Q/DQ propagation and "
+                                   "fusion) on a Q/DQ ONNX model, lint its placement, and with --against diff "
+                                   "the prediction against a real engine's layer information.")
+    p.add_argument("model", help="a Q/DQ ONNX model (qdqgraph's, Model Optimizer's, onnxruntime's, a QAT export)")
+    p.add_argument("--json", metavar="FILE", help="write the simulation report as JSON")
+    p.add_argument("--graph", metavar="FILE", help="write the fused-layer graph as ONNX (opens in Netron)")
+    p.add_argument("--against", metavar="LAYERS.json",
+                   help="TensorRT layer information (trtexec --exportLayerInfo, or the engine inspector's JSON)")
+    p.add_argument("--strict", action="store_true", help="exit 3 when the linter finds a problem")
+    p.add_argument("--quiet", action="store_true", help="print only the summary line and diagnostics")
+    p.set_defaults(run=_run_report)
+
+
+def _run_report(args) -> int:
+    from . import io
+    from .trtsim import diff, lint, read_engine_report, simulate
+    loaded = io.load(args.model)
+    for path in (args.json, args.graph):
+        if path and not Path(path).resolve().parent.exists():
+            raise QdqError(f"folder of {path} does not exist", "create it or choose another path")
+    sim = simulate(loaded.graph)
+    diagnostics = lint(loaded.graph)
+    if args.quiet:
+        print(sim.table().splitlines()[-1])
+    else:
+        print(sim.table())
+    for d in diagnostics:
+        print(d)
+    if args.against:
+        print(diff(sim, read_engine_report(args.against)).table())
+    if args.json:
+        io.write_text_atomic(Path(args.json), sim.to_json() + "\n")
+    if args.graph:
+        io.save(sim.to_onnx(), args.graph, protect=(Path(args.model),))
+    return 3 if args.strict and diagnostics else 0
+
+
 def _add_example(sub):
     p = sub.add_parser("example", help="write a small ResNet-style model and calibration data to try qdqgraph on")
     p.add_argument("folder", help="where to write tiny_resnet.onnx and tiny_resnet_calib.npz")
@@ -307,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     _add_insert(sub)
     _add_calibrate(sub)
+    _add_report(sub)
     _add_example(sub)
     _add_strip(sub)
     return ap

@@ -227,7 +227,19 @@ def _finish(loaded: io.Loaded, plan: Plan, amax: dict, weights: str, report: Ins
         io.check(out)
     except onnx.checker.ValidationError as e:
         raise InvariantError(f"the quantized model fails the ONNX checker: {str(e).splitlines()[0]}") from e
+    _predict(loaded, report)
     return Result(out, plan, report)
+
+
+def _predict(loaded: io.Loaded, report: InsertReport) -> None:
+    """The simulator's prediction for the written model, into the report. A simulator failure
+    must not cost the user the model: it becomes a warning naming the error."""
+    from .trtsim import simulate
+    try:
+        report.tensorrt = simulate(loaded.graph).summary
+    except Exception as e:  # noqa: BLE001 - reported, not swallowed
+        report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
+                               f"written; please report this")
 
 
 def _refuse_unsupported_dtypes(loaded: io.Loaded, plan: Plan) -> None:

@@ -26,6 +26,7 @@ class InsertReport:
     sites: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     fallback: dict | None = None
+    tensorrt: dict | None = None      # the simulator's summary of the written model
 
     def fill_from_plan(self, plan: Plan, amax: dict[str, float] | None = None) -> None:
         counts: dict[str, Counter] = defaultdict(Counter)
@@ -73,6 +74,11 @@ class InsertReport:
             for (op, rule, reason), nodes in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
                 ex = ", ".join(nodes[:max_examples]) + (f", ... ({len(nodes)} in all)" if len(nodes) > max_examples else "")
                 lines.append(f"  {op} {rule}: {reason}  [{ex}]")
+        if self.tensorrt:
+            t = self.tensorrt
+            lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} INT8, {t['float_layers']} "
+                         f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "
+                         f"INT8 FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)")
         if self.fallback:
             fb = self.fallback
             lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all INT8 -> {fb['final_db']:.1f} dB with "
