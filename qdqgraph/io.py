@@ -7,6 +7,7 @@ a graph back, with external data when the model is too large for one protobuf.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -326,3 +327,15 @@ def write_text_atomic(path, text: str) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+def read_json(path, what: str, fix: str):
+    """Parse the JSON file at `path`; a missing or unreadable file is a QdqError naming `what` it
+    should have been and the `fix`."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise QdqError(f"{what} not found: {p}", "check the path") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise QdqError(f"{p} is not {what} ({e})", fix) from None

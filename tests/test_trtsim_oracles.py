@@ -117,7 +117,7 @@ def test_reader_errors_are_one_line_qdq_errors(tmp_path):
         trtsim.read_engine_report(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(QdqError, match="is not JSON"):
+    with pytest.raises(QdqError, match="is not an engine report"):
         trtsim.read_engine_report(bad)
     bad.write_text('{"Bindings": []}')
     with pytest.raises(QdqError, match="no \"Layers\" list"):

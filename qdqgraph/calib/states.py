@@ -23,13 +23,7 @@ def save_states(path, states: dict[str, RangeState], groups: dict[str, list[str]
 
 def load_states(path) -> dict:
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise QdqError(f"calibration state file not found: {p}", "check the path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise QdqError(f"{p} is not a calibration state file ({e})",
-                       "pass files written by `qdqgraph calibrate --shard`") from None
+    doc = io.read_json(p, "a calibration state file", "pass files written by `qdqgraph calibrate --shard`")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise QdqError(f"{p} is not a calibration state file", "pass files written by `qdqgraph calibrate --shard`")
     if doc.get("version") != VERSION:

@@ -12,11 +12,11 @@ Standalone Q/DQ: `Origin: "QDQ"` (TRT >= 8.4), or, in TRT 8.2-era files without 
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import io
 from ..errors import QdqError
 
 _LAYOUT_PREFIX = "Reformatting CopyNode"
@@ -136,11 +136,5 @@ def parse_engine_info(data, source: str = "") -> EngineReport:
 
 def read_engine_report(path) -> EngineReport:
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise QdqError(f"engine report not found: {p}", "check the path") from None
-    except json.JSONDecodeError as e:
-        raise QdqError(f"{p} is not JSON ({e.msg} at line {e.lineno})",
-                       "pass the file written by trtexec --exportLayerInfo") from None
+    data = io.read_json(p, "an engine report", "pass the file written by trtexec --exportLayerInfo")
     return parse_engine_info(data, str(p))
