@@ -28,6 +28,9 @@ def _add_insert(sub):
     _add_selection(p)
     p.add_argument("--weights", default="int8", choices=["int8", "qdq"],
                    help="int8: INT8 initializer + DequantizeLinear (default); qdq: float weight + Q->DQ")
+    p.add_argument("--high-precision", default="fp16", choices=["fp16", "bf16", "fp32"],
+                   help="type of the parts that stay float (default fp16: TensorRT runs a strongly typed "
+                        "network in the types the ONNX gives; fp32 keeps them float32)")
     _add_preprocess(p)
     _add_runtime(p)
     p.add_argument("--report", metavar="REPORT.json", help="write the placement and calibration report as JSON")
@@ -196,7 +199,7 @@ def _run_insert(args) -> int:
                       samples=args.samples, providers=_providers(args.providers, args.custom_op_library), percentile=args.percentile,
                       calib_cache=args.calib_cache, accuracy_budget=args.accuracy_budget,
                       max_float_layers=args.max_float_layers, sensitivity_samples=args.sensitivity_samples,
-                      preprocess=args.preprocess, progress=progress)
+                      preprocess=args.preprocess, high_precision=args.high_precision, progress=progress)
     if progress is not None:
         progress.close()
     written = io.save(result.model, out, protect=(Path(args.model),))

@@ -42,7 +42,8 @@ class Loaded:
     opset_raised_from: int | None = None
 
 
-def _onnx_opset(model: onnx.ModelProto) -> int:
+def opset_of(model: onnx.ModelProto) -> int:
+    """The default-domain opset of `model` (0 if it imports none)."""
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx"):
             return o.version
@@ -102,9 +103,11 @@ def validate(model: onnx.ModelProto, name: str = "the model") -> None:
                        "re-export it, or repair it (onnx.checker.check_model shows the details)") from None
 
 
-def raise_opset(model: onnx.ModelProto, minimum: int = MIN_OPSET) -> tuple[onnx.ModelProto, int | None]:
-    """Convert the model to at least `minimum` (per-channel Q/DQ needs 13). Returns (model, old opset or None)."""
-    old = _onnx_opset(model)
+def raise_opset(model: onnx.ModelProto, minimum: int = MIN_OPSET,
+                why: str = "per-channel Q/DQ") -> tuple[onnx.ModelProto, int | None]:
+    """Convert the model to at least `minimum` (`why` needs it: per-channel Q/DQ needs 13). Returns
+    (model, old opset or None)."""
+    old = opset_of(model)
     if old >= minimum:
         return model, None
     from onnx import version_converter
@@ -112,7 +115,7 @@ def raise_opset(model: onnx.ModelProto, minimum: int = MIN_OPSET) -> tuple[onnx.
         converted = version_converter.convert_version(model, minimum)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise QdqError(f"the model's opset {old} could not be raised to {minimum}, which per-channel Q/DQ needs ({first})",
+        raise QdqError(f"the model's opset {old} could not be raised to {minimum}, which {why} needs ({first})",
                        f"re-export the model at opset {minimum} or newer") from e
     return converted, old
 

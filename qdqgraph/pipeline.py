@@ -17,6 +17,8 @@ from .passes.batchnorm import fold_batchnorm
 from .passes.check import qdq_violations
 from .passes.constants import fold_constants
 from .passes.insert import WEIGHT_FORMATS, insert_qdq
+from .passes.precision import HIGH_PRECISIONS, lower_float_islands, measure_ranges
+from .passes.precision import MIN_OPSET as PRECISION_OPSET
 from .placement import Plan, Selection, plan_placement
 from .report import InsertReport
 from .rules import load_ruleset
@@ -157,17 +159,22 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
              include_nodes=(), weights: str = "int8", batch_size: int = 1, samples: int | None = None,
              providers: list[str] | None = None, percentile: float = 99.99, calib_cache=None,
              accuracy_budget: float | None = None, max_float_layers: int | None = None,
-             sensitivity_samples: int = 8, preprocess: str | None = None, progress=None) -> Result:
+             sensitivity_samples: int = 8, preprocess: str | None = None, high_precision: str = "fp16",
+             progress=None) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
 
     `calib` is a .npz/.npy path, a folder of them, a dict {input name: array (samples first)}, or
     "random"; `calib_cache` (a qdqgraph JSON or TensorRT calibration cache, or a dict tensor ->
     amax) replaces it. With `accuracy_budget` (minimum output SQNR in dB against float, on the
     first `sensitivity_samples` calibration samples) and/or `max_float_layers`, the most sensitive
-    quantized nodes are returned to float (see qdqgraph.sensitivity).
+    quantized nodes are returned to float (see qdqgraph.sensitivity). `high_precision` is the type
+    of the float islands in the written model ("fp16" by default, "bf16", or "fp32"; see
+    qdqgraph.passes.precision); sensitivity and fallback work on the float32 Q/DQ model.
     """
     if method not in METHODS:
         raise QdqError(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
+    if high_precision not in HIGH_PRECISIONS:
+        raise QdqError(f"unknown high precision {high_precision!r}", f"use one of {', '.join(HIGH_PRECISIONS)}")
     if weights not in WEIGHT_FORMATS:
         raise QdqError(f"unknown weight format {weights!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
     if calib is None and calib_cache is None:
@@ -186,8 +193,14 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
         amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress,
                          preprocess=preprocess)
     result = _finish(loaded, plan, amax, weights, report)
+    real_data = calib is not None and not (isinstance(calib, str) and calib == "random")
+
+    def finish(res: Result) -> Result:
+        data = calibration_data(loaded, calib, samples, preprocess=preprocess) if real_data else None
+        return deploy(res, high_precision, data, providers)
+
     if not fallback or not plan.activation_sites():
-        return result
+        return finish(result)
     from .sensitivity import choose_fallback, measure
     data = calibration_data(loaded, calib, samples, preprocess=preprocess)
     sens, evaluate = measure(result.model, plan, data, sensitivity_samples,
@@ -200,7 +213,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
                        "ranking": [{"node": u.node, "op": u.op, "gain_db": u.gain_db,
                                     "only_int8_db": u.only_quantized_db} for u in sens.ranked()]}
     if not chosen:
-        return result
+        return finish(result)
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
     float_nodes = tuple((n, f"fallback: returned to float (+{gains[n]:.1f} dB output SQNR alone)") for n in chosen)
     report2 = InsertReport(input=report.input, method=method)
@@ -209,7 +222,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     for k in ("samples", "calibration_seconds", "warnings"):
         setattr(report2, k, getattr(report, k))
     report2.fallback = report.fallback
-    return _finish(loaded2, plan2, amax2, weights, report2)
+    return finish(_finish(loaded2, plan2, amax2, weights, report2))
 
 
 def _finish(loaded: io.Loaded, plan: Plan, amax: dict, weights: str, report: InsertReport) -> Result:
@@ -227,8 +240,69 @@ def _finish(loaded: io.Loaded, plan: Plan, amax: dict, weights: str, report: Ins
         io.check(out)
     except onnx.checker.ValidationError as e:
         raise InvariantError(f"the quantized model fails the ONNX checker: {str(e).splitlines()[0]}") from e
-    _predict(loaded, report)
     return Result(out, plan, report)
+
+
+def deploy(result: Result, high_precision: str = "fp16", data: CalibrationData | None = None,
+           providers: list[str] | None = None) -> Result:
+    """The float32 Q/DQ model of `result` with its float islands in `high_precision`, checked, and
+    the simulator's prediction for it in the report. With `data`, ops whose outputs reach
+    passes.precision.RANGE_LIMIT on a few samples stay float32."""
+    model = result.model
+    if high_precision != "fp32":
+        provenance = {n.name: p.value for n in model.graph.node for p in n.metadata_props if p.key == io.RULE_KEY}
+        ranges = measure_ranges(model, data, providers=providers) if data is not None else {}
+        if data is None:
+            result.report.warnings.append(f"no calibration data: {high_precision} islands were made without "
+                                          f"checking activation ranges (rule H5)")
+        model, _ = io.raise_opset(model, PRECISION_OPSET, why=f"{high_precision} Q/DQ scales")
+        loaded = io.load(model)
+        lowered = lower_float_islands(loaded.graph, high_precision, io.opset_of(model), ranges)
+        result.report.precision = {"high_precision": high_precision, "retyped_tensors": lowered.retyped,
+                                   "casts": lowered.casts, "kept_fp32": [{"node": n, "rule": r} for n, r in lowered.kept]}
+        for t in lowered.clamped_scales:
+            result.report.warnings.append(f"scale {t} does not fit {high_precision}; clamped to stay finite and > 0")
+        model = io.to_model(loaded, provenance)
+        _check_raised(model, high_precision, result.report)
+    else:
+        loaded = io.load(model)
+    _predict(loaded, result.report)
+    return Result(model, result.plan, result.report)
+
+
+def _check_raised(model: onnx.ModelProto, high_precision: str, report: InsertReport) -> None:
+    """The checker on the opset-19 model. Newer shape inference can prove a declared output shape
+    wrong that the model's own opset let pass (an exporter's stale declaration, say); then the
+    output shapes are left to inference, with a warning, and the check runs again."""
+    try:
+        io.check(model)
+        return
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        first = str(e).strip().splitlines()[0]
+        declared = [o for o in model.graph.output if o.type.tensor_type.HasField("shape")]
+        if not declared:
+            raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
+    del model.graph.value_info[:]                 # shapes of the old opset, re-inferred below
+    saved = {o.name: onnx.TensorShapeProto() for o in declared}
+    for o in declared:
+        saved[o.name].CopyFrom(o.type.tensor_type.shape)
+        o.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except onnx.shape_inference.InferenceError as e:
+        raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
+    model.graph.value_info.extend(inferred.graph.value_info)
+    shapes = {o.name: o.type.tensor_type for o in inferred.graph.output}
+    for o in declared:
+        found = shapes.get(o.name)
+        o.type.tensor_type.shape.CopyFrom(found.shape if found is not None and found.HasField("shape")
+                                          else saved[o.name])
+    try:
+        io.check(model)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
+    report.warnings.append(f"at opset {PRECISION_OPSET} the ONNX checker rejects the declared output shapes "
+                           f"({first}); the written model declares the shapes inference finds")
 
 
 def _predict(loaded: io.Loaded, report: InsertReport) -> None:

@@ -27,6 +27,7 @@ class InsertReport:
     warnings: list[str] = field(default_factory=list)
     fallback: dict | None = None
     tensorrt: dict | None = None      # the simulator's summary of the written model
+    precision: dict | None = None     # the float islands' type and what stayed float32
 
     def fill_from_plan(self, plan: Plan, amax: dict[str, float] | None = None) -> None:
         counts: dict[str, Counter] = defaultdict(Counter)
@@ -74,6 +75,10 @@ class InsertReport:
             for (op, rule, reason), nodes in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
                 ex = ", ".join(nodes[:max_examples]) + (f", ... ({len(nodes)} in all)" if len(nodes) > max_examples else "")
                 lines.append(f"  {op} {rule}: {reason}  [{ex}]")
+        if self.precision:
+            p = self.precision
+            lines.append(f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
+                         f"casts, {len(p['kept_fp32'])} nodes kept fp32)")
         if self.tensorrt:
             t = self.tensorrt
             lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} INT8, {t['float_layers']} "

@@ -52,13 +52,23 @@ class GraphView:
 
     @cached_property
     def _subgraph_uses(self) -> set[str]:
-        """Names of outer tensors that If/Loop/Scan bodies read implicitly."""
-        names = set()
+        """Names of outer tensors that If/Loop/Scan bodies (at any depth) read implicitly."""
+        names: set[str] = set()
+
+        def scan(sub: gs.Graph) -> None:
+            inner = {id(n) for n in sub.nodes}
+            own = {t.name for t in sub.inputs}
+            for node in sub.nodes:
+                for t in node.inputs:
+                    produced_inside = any(id(p) in inner for p in t.inputs)
+                    if t.name and not produced_inside and t.name not in own and not isinstance(t, gs.Constant):
+                        names.add(t.name)
+                for nested in node.subgraphs():
+                    scan(nested)
+
         for n in self.nodes:
             for sub in n.subgraphs():
-                for t in sub.tensors().values():
-                    if not t.inputs and not isinstance(t, gs.Constant):
-                        names.add(t.name)
+                scan(sub)
         return names
 
     # ------------------------------------------------------------------ values and types
@@ -108,7 +118,9 @@ class GraphView:
         origin: dict[str, str] = {}
         for n in self.nodes:
             if (self.vocab.is_(n, "weighted") or self.vocab.is_(n, "avg_pool") or self.vocab.is_(n, "softmax")
-                    or self.vocab.is_(n, "control_flow")):  # If/Loop read outer tensors implicitly
+                    or self.vocab.is_(n, "control_flow")  # If/Loop read outer tensors implicitly
+                    or self.vocab.is_(n, "dequantize")):  # a DQ's output is real data, not an index
+                continue
                 continue
             sources = []
             real = False

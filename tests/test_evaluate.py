@@ -22,7 +22,7 @@ def test_mis_scaled_tensor_is_named():
     """Shrink one activation's scale 50x (clipping it hard): its SQNR must be the lowest."""
     m = motifs.residual_add(projection=True)
     data = motifs.sample_data(m)
-    q = qdqgraph.quantize(m, data).model
+    q = qdqgraph.quantize(m, data, high_precision="fp32").model
     loaded = io.load(q)
     target = "relu1_out"
     bad_scale = None

@@ -101,7 +101,7 @@ def test_strip_of_insert_equals_clean(name):
     data = motifs.sample_data(m)
     expected = io.load(m)
     clean(expected)
-    quantized = io.load(qdqgraph.quantize(m, data, weights="qdq").model)
+    quantized = io.load(qdqgraph.quantize(m, data, weights="qdq", high_precision="fp32").model)
     assert strip_qdq(quantized.graph) > 0
     # the same nodes with the same connections (a line names a node's inputs and outputs)
     assert sorted(render(quantized.graph).splitlines()) == sorted(render(expected.graph).splitlines())
@@ -109,7 +109,7 @@ def test_strip_of_insert_equals_clean(name):
     for a, b in zip(run(io.to_model(quantized), feed), run(io.to_model(expected), feed)):
         np.testing.assert_array_equal(a, b)
     # with INT8 weights the structure comes back too, the weights dequantized
-    q8 = io.load(qdqgraph.quantize(m, data).model)
+    q8 = io.load(qdqgraph.quantize(m, data, high_precision="fp32").model)
     strip_qdq(q8.graph)
     assert sorted(n.op for n in q8.graph.nodes) == sorted(n.op for n in expected.graph.nodes)
 
@@ -152,6 +152,8 @@ def test_metadata_props_kept():
 
 def test_opset_raised_to_13():
     m = motifs.conv_relu(opset=11)
-    result = qdqgraph.quantize(m, motifs.sample_data(m))
+    result = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")
     assert [o.version for o in result.model.opset_import if o.domain in ("", "ai.onnx")] == [13]
     assert result.report.opset_raised_from == 11
+    fp16 = qdqgraph.quantize(m, motifs.sample_data(m))            # FP16 Q/DQ scales need opset 19
+    assert [o.version for o in fp16.model.opset_import if o.domain in ("", "ai.onnx")] == [19]

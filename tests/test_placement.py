@@ -77,7 +77,7 @@ GOLDEN_MOTIFS = ["conv_relu", "conv_bn_relu", "residual_add", "residual_projecti
 @pytest.mark.parametrize("name", GOLDEN_MOTIFS)
 def test_golden(name, golden):
     m = motifs.ALL[name]()
-    result = qdqgraph.quantize(m, motifs.sample_data(m))
+    result = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")
     golden(name, render(io.load(result.model).graph))
 
 
@@ -91,7 +91,7 @@ def test_residual_quantizes_skip_only():
 def test_one_shared_qdq_per_tensor():
     """P5: a tensor feeding several quantized consumers gets one Q and one DQ."""
     m = motifs.concat_of_pools()  # x feeds conv_a and conv_b
-    g = io.load(qdqgraph.quantize(m, motifs.sample_data(m)).model).graph
+    g = io.load(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model).graph
     qs = [n for n in g.nodes if n.op == "QuantizeLinear" and n.inputs[0].name == "x"]
     assert len(qs) == 1
     dq_out = qs[0].outputs[0].outputs[0].outputs[0]
@@ -100,7 +100,7 @@ def test_one_shared_qdq_per_tensor():
 
 def test_concat_group_shares_one_scale():
     m = motifs.concat_of_pools()
-    g = io.load(qdqgraph.quantize(m, motifs.sample_data(m)).model).graph
+    g = io.load(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model).graph
     s = scales(g)
     group = [s[f"{t}_q"] for t in ("pool_a_out", "pool_b_out", "concat_out")]
     assert all(v.dtype == np.float32 for v in group)
@@ -112,7 +112,7 @@ def test_weights_per_channel_with_axis_and_bias_float():
     for name, op, axis in (("conv_relu", "Conv", 0), ("gemm_transB", "Gemm", 0), ("gemm", "Gemm", 1),
                            ("convtranspose", "ConvTranspose", 1), ("attention", "MatMul", 1)):
         m = motifs.ALL[name]()
-        g = io.load(qdqgraph.quantize(m, motifs.sample_data(m)).model).graph
+        g = io.load(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model).graph
         for n in g.nodes:
             if n.op != op or len(n.inputs) < 2 or not n.inputs[1].inputs:
                 continue

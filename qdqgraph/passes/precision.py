@@ -1,0 +1,307 @@
+"""Float islands to FP16 (or BF16): the parts of a Q/DQ model outside INT8 take the island type.
+
+TensorRT builds explicit-quantization networks strongly typed (always since version 11): every
+tensor runs in the type the ONNX gives it, and a DequantizeLinear's output type is its scale's
+type (docs/TRT_RULES.md F9, C3). A Q/DQ model whose float parts are float32 therefore runs them in
+FP32. This pass retypes them:
+
+- every float32 tensor becomes the island type, Q/DQ scales included (so DQ outputs and Q inputs
+  agree), except where rules/precision.toml keeps an op in float32 (reductions that overflow,
+  shape arithmetic, subgraphs, ops typed by an attribute), where the ONNX schema allows an input
+  or output only in float32, where an op has no schema (custom domains), and on float tensors
+  derived only from integers (shape arithmetic done in float);
+- the model's inputs and outputs keep their types: a Cast follows each float input and precedes
+  each float output;
+- where an island tensor meets a float32 slot (or the reverse), one Cast per tensor and type is
+  inserted and shared by all such consumers;
+- a scale that would round to 0 or overflow in the island type is clamped (and reported), so it
+  stays finite and > 0.
+
+Where calibration data is at hand, `measure_ranges` runs the float32 Q/DQ model on a few samples
+and every op whose float output reaches `RANGE_LIMIT` stays float32 too (rule H5): FP16 overflows
+at 65504, and the limit keeps headroom for inputs the samples did not show.
+
+Q/DQ with float16/bfloat16 scales need opset 19; the model is converted first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ..errors import QdqError
+from ..ops import vocabulary
+from ..rules_files import read_toml, rules_dir
+from ..view import GraphView
+
+F32 = np.dtype(np.float32)
+ISLAND_TYPES = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
+HIGH_PRECISIONS = ("fp16", "bf16", "fp32")
+RANGE_LIMIT = 8192.0           # |x| seen in calibration above which an op's output stays float32 (H5)
+MIN_OPSET = 19                 # float16/bfloat16 scales on QuantizeLinear/DequantizeLinear
+_ONNX_NAME = {np.dtype(np.float16): "tensor(float16)", np.dtype(ml_dtypes.bfloat16): "tensor(bfloat16)",
+              F32: "tensor(float)"}
+
+
+@dataclass(frozen=True)
+class KeepRule:
+    id: str
+    classes: tuple[str, ...]
+    why: str
+    between_qdq: bool = False      # only where all inputs come from DQs and the output feeds only Qs
+
+
+@lru_cache(maxsize=1)
+def keep_rules() -> tuple[KeepRule, ...]:
+    path = rules_dir() / "precision.toml"
+    data = read_toml(path)
+    vocab = vocabulary()
+    out = []
+    for r in data.get("keep", []):
+        unknown = [c for c in r["classes"] if not vocab.known(c)]
+        if unknown:
+            raise QdqError(f"{path}: rule {r['id']} names unknown op classes {unknown}",
+                           "use classes of rules/op_classes.toml")
+        out.append(KeepRule(r["id"], tuple(r["classes"]), r["why"], bool(r.get("between_qdq", False))))
+    return tuple(out)
+
+
+@dataclass
+class PrecisionResult:
+    dtype: str
+    retyped: int = 0                                        # float32 tensors now in the island type
+    casts: int = 0
+    kept: list[tuple[str, str]] = field(default_factory=list)   # (node, rule id or reason)
+    clamped_scales: list[str] = field(default_factory=list)
+
+
+def _schema(node: gs.Node, opset: int):
+    try:
+        return onnx.defs.get_schema(node.op, opset, node.domain or "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _allowed(schema, formal_index: int, outputs: bool, dtype: np.dtype) -> bool:
+    """Whether the schema lets this input/output slot hold `dtype` (variadic slots repeat the last)."""
+    formals = schema.outputs if outputs else schema.inputs
+    if not formals:
+        return False
+    formal = formals[min(formal_index, len(formals) - 1)]
+    constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    allowed = constraints.get(formal.type_str, [formal.type_str])
+    return _ONNX_NAME[dtype] in allowed
+
+
+class _Retyper:
+    def __init__(self, graph: gs.Graph, island: np.dtype, opset: int, ranges: dict[str, float]):
+        self.graph, self.island, self.opset, self.ranges = graph, island, opset, ranges
+        self.view = GraphView(graph)
+        self.vocab = self.view.vocab
+        self.result = PrecisionResult(dtype=_short(island))
+        self.casts: dict[tuple[str, np.dtype], gs.Variable] = {}
+        self.own: set[str] = set()                           # the Casts this pass adds
+        self.keep = {n.name: why for n in graph.nodes if (why := self._keep_reason(n))}
+        self._keep_qdq_beside_fp32()
+        self.result.kept = sorted(self.keep.items())
+
+    # ------------------------------------------------------------------ decisions
+
+    def _keep_reason(self, node: gs.Node) -> str | None:
+        float_outputs = [(k, o) for k, o in enumerate(node.outputs) if o.name and self._is_f32(o)]
+        for _, o in float_outputs:
+            if self.ranges.get(o.name, 0.0) >= RANGE_LIMIT:
+                return f"H5-range: |{o.name}| reached {self.ranges[o.name]:.0f} on calibration data"
+            if self.view.used_in_subgraph(o):
+                return "read inside an If/Loop/Scan body, which stays float32"
+        if self.vocab.is_(node, "quantize") or self.vocab.is_(node, "dequantize"):
+            # at the model's boundary the float32 side stays float32: the Q or DQ itself is the
+            # one conversion, where a Cast would add a second
+            boundary = node.inputs[0] if self.vocab.is_(node, "quantize") else node.outputs[0]
+            if boundary in self.graph.inputs or boundary in self.graph.outputs:
+                return "Q/DQ at a model input or output"
+            return None
+        for rule in keep_rules():
+            if any(self.vocab.is_(node, c) for c in rule.classes):
+                if not rule.between_qdq or self._between_qdq(node):
+                    return rule.id
+        schema = _schema(node, self.opset)
+        if schema is None:
+            return "no ONNX schema (custom op)"
+        derived = self.view.integer_derived
+        for k, o in float_outputs:
+            if not _allowed(schema, k, True, self.island):
+                return f"the ONNX schema allows output {k} only in float32"
+            if o.name in derived:
+                return "integer-derived (shape arithmetic in float)"
+        return None
+
+    def _between_qdq(self, node: gs.Node) -> bool:
+        ins = [self.view.producer(t) for t in node.inputs if t.name and not isinstance(t, gs.Constant)]
+        outs = [c for o in node.outputs for c, _ in self.view.consumers(o)]
+        return (bool(ins) and all(p is not None and self.vocab.is_(p, "dequantize") for p in ins)
+                and bool(outs) and all(self.vocab.is_(c, "quantize") for c in outs)
+                and not any(o in self.graph.outputs for o in node.outputs))
+
+    def _keep_qdq_beside_fp32(self) -> None:
+        """A Q whose input is float32 stays float32, and so does a DQ that feeds only float32
+        slots: a Cast between a DQ and its consumer, or between a tensor and its Q, would break
+        TensorRT's Q/DQ fusions and add a conversion."""
+        g = self.graph
+        for node in g.nodes:
+            if self.vocab.is_(node, "quantize") and node.name not in self.keep:
+                x = node.inputs[0]
+                p = self.view.producer(x)
+                if (p is None and x in g.inputs) or (p is not None and p.name in self.keep):
+                    self.keep[node.name] = "its input is float32"
+                elif self.ranges.get(x.name, 0.0) >= RANGE_LIMIT:
+                    self.keep[node.name] = f"H5-range: |{x.name}| reached {self.ranges[x.name]:.0f} on calibration data"
+        for node in g.nodes:
+            if self.vocab.is_(node, "dequantize") and node.name not in self.keep:
+                uses = [(c, k) for o in node.outputs for c, k in self.view.consumers(o)]
+                if uses and all(self.required(c, k) == F32 for c, k in uses):
+                    self.keep[node.name] = "feeds only float32 ops"
+
+    def _is_f32(self, t: gs.Tensor) -> bool:
+        dt = self.view.dtype(t)
+        return dt is not None and np.dtype(dt) == F32
+
+    def required(self, node: gs.Node, slot: int) -> np.dtype:
+        """The type `node` wants on input `slot` when that input is float."""
+        if node.name in self.keep:
+            return F32
+        schema = _schema(node, self.opset)
+        if schema is not None and not _allowed(schema, slot, False, self.island):
+            return F32
+        return self.island
+
+    # ------------------------------------------------------------------ rewriting
+
+    def run(self) -> PrecisionResult:
+        g = self.graph
+        graph_inputs = {t.name for t in g.inputs}
+        graph_outputs = {t.name for t in g.outputs}
+        produced: dict[str, np.dtype] = {}
+        for node in g.nodes:
+            island_node = node.name not in self.keep
+            for o in node.outputs:
+                if o.name and self._is_f32(o):
+                    produced[o.name] = self.island if island_node else F32
+        for node in list(g.nodes):
+            for slot, t in enumerate(node.inputs):
+                if not t.name:
+                    continue
+                if isinstance(t, gs.Constant):
+                    if t.values.dtype == F32:
+                        self._retype_constant(node, slot, t)
+                    continue
+                have = produced.get(t.name, F32 if t.name in graph_inputs and self._is_f32(t) else None)
+                if have is None:
+                    continue
+                want = self.required(node, slot)
+                if want != have:
+                    node.inputs[slot] = self._cast(t, want)
+        for node in g.nodes:
+            if node.name in self.keep or node.name in self.own:
+                continue
+            if self.vocab.is_(node, "cast") and node.attrs.get("to") == onnx.TensorProto.FLOAT:
+                node.attrs["to"] = onnx.helper.np_dtype_to_tensor_dtype(self.island)
+            if self.vocab.is_(node, "constant") and isinstance(node.attrs.get("value"), gs.Constant):
+                value = node.attrs["value"]
+                if value.values.dtype == F32:
+                    node.attrs["value"] = gs.Constant(value.name, value.values.astype(self.island))
+            for o in node.outputs:
+                if produced.get(o.name) == self.island:
+                    o.dtype = self.island
+                    self.result.retyped += 1
+        for k, t in enumerate(list(g.outputs)):
+            if produced.get(t.name) == self.island:
+                g.outputs[k] = self._output_cast(t)
+        return self.result
+
+    def _retype_constant(self, node: gs.Node, slot: int, t: gs.Constant) -> None:
+        want = self.required(node, slot)
+        if want == F32:
+            return
+        values = t.values.astype(want)
+        if self.vocab.is_(node, "quantize") or self.vocab.is_(node, "dequantize"):
+            values = self._safe_scale(t, values) if slot == 1 else values
+        key = (t.name, want)
+        if key not in self.casts:
+            self.casts[key] = gs.Constant(f"{t.name}_{_short(want)}", values)
+        node.inputs[slot] = self.casts[key]
+
+    def _safe_scale(self, t: gs.Constant, values: np.ndarray) -> np.ndarray:
+        info = ml_dtypes.finfo(values.dtype)
+        bad = ~np.isfinite(values.astype(np.float32)) | (values.astype(np.float32) <= 0)
+        if bad.any():
+            self.result.clamped_scales.append(t.name)
+            src = t.values.astype(np.float32)
+            fixed = np.where(src > float(info.max), float(info.max), float(info.smallest_normal))
+            values = np.where(bad, fixed, values.astype(np.float32)).astype(values.dtype)
+        return values
+
+    def _cast(self, t: gs.Variable, to: np.dtype) -> gs.Variable:
+        key = (t.name, to)
+        if key not in self.casts:
+            out = gs.Variable(f"{t.name}_{_short(to)}", dtype=to, shape=t.shape)
+            node = gs.Node("Cast", name=f"{t.name}_to_{_short(to)}", attrs={"to": onnx.helper.np_dtype_to_tensor_dtype(to)},
+                           inputs=[t], outputs=[out])
+            self.graph.nodes.append(node)
+            self.own.add(node.name)
+            self.casts[key] = out
+            self.result.casts += 1
+        return self.casts[key]
+
+    def _output_cast(self, t: gs.Variable) -> gs.Variable:
+        """Keep the graph output's name and float32 type: its producer now writes `<name>_<island>`."""
+        name = t.name
+        t.name = f"{name}_{_short(self.island)}"
+        out = gs.Variable(name, dtype=F32, shape=t.shape)
+        self.graph.nodes.append(gs.Node("Cast", name=f"{name}_to_fp32", attrs={"to": onnx.TensorProto.FLOAT},
+                                        inputs=[t], outputs=[out]))
+        self.result.casts += 1
+        return out
+
+
+def _short(dtype: np.dtype) -> str:
+    return {np.dtype(np.float16): "fp16", np.dtype(ml_dtypes.bfloat16): "bf16", F32: "fp32"}[np.dtype(dtype)]
+
+
+def measure_ranges(model: onnx.ModelProto, data, samples: int = 4, providers=None) -> dict[str, float]:
+    """max |x| of every float32 tensor of `model` over the first `samples` batches of `data`
+    (a qdqgraph.data.CalibrationData)."""
+    from .. import io
+    from ..runtime import session
+    graph = gs.import_onnx(model)
+    view = GraphView(graph)
+    names = [t.name for t in view.tensors.values()
+             if isinstance(t, gs.Variable) and t.inputs and not view.used_in_subgraph(t)
+             and view.dtype(t) is not None and np.dtype(view.dtype(t)) == F32]
+    sess = session(io.with_outputs(model, names), providers, purpose="measuring float ranges")
+    ranges = dict.fromkeys(names, 0.0)
+    for k, feed in enumerate(data.batches(1)):
+        if k >= samples:
+            break
+        for name, value in zip(names, sess.run(names, feed)):
+            if value.size:
+                ranges[name] = max(ranges[name], float(np.nanmax(np.abs(value))))
+    return ranges
+
+
+def lower_float_islands(graph: gs.Graph, high_precision: str = "fp16", opset: int = MIN_OPSET,
+                        ranges: dict[str, float] | None = None) -> PrecisionResult:
+    """Retype `graph`'s float islands in place (see the module doc). `opset` must be >= 19;
+    `ranges` (from measure_ranges) keeps ops with large outputs in float32."""
+    if high_precision not in HIGH_PRECISIONS:
+        raise QdqError(f"unknown high precision {high_precision!r}", f"use one of {', '.join(HIGH_PRECISIONS)}")
+    if high_precision == "fp32":
+        return PrecisionResult(dtype="fp32")
+    graph.toposort()
+    result = _Retyper(graph, ISLAND_TYPES[high_precision], opset, ranges or {}).run()
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    return result

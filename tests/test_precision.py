@@ -1,0 +1,175 @@
+"""Float islands in FP16 (insert --high-precision): types, kept-FP32 rules, accuracy against the
+float32 Q/DQ model, and the simulator's view of the result."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import motifs
+import qdqgraph
+from qdqgraph import io, trtsim
+from qdqgraph.evaluate import compare
+from qdqgraph.passes.precision import RANGE_LIMIT, keep_rules
+
+F16 = TensorProto.FLOAT16
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    out = {i.name: i.data_type for i in model.graph.initializer}
+    for v in list(inferred.graph.value_info) + list(model.graph.input) + list(model.graph.output):
+        out[v.name] = v.type.tensor_type.elem_type
+    return out
+
+
+def _run(model, feed):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+@pytest.mark.parametrize("name", sorted(motifs.ALL))
+def test_fp16_islands_check_run_and_stay_within_fp16_tolerance(name):
+    """Every motif: the FP16-island model passes the checker, runs, keeps its input and output
+    types, and loses no more than 1 dB of output SQNR against float compared with the float32 Q/DQ
+    model (the FP16 tolerance: rounding scales and activations to FP16 must not add visible error)."""
+    m = motifs.ALL[name]()
+    data = motifs.sample_data(m)
+    q16 = qdqgraph.quantize(m, data).model
+    q32 = qdqgraph.quantize(m, data, high_precision="fp32").model
+    onnx.checker.check_model(q16, full_check=True)
+    assert [(i.name, i.type.tensor_type.elem_type) for i in q16.graph.input] == \
+           [(i.name, i.type.tensor_type.elem_type) for i in m.graph.input]
+    assert [(o.name, o.type.tensor_type.elem_type) for o in q16.graph.output] == \
+           [(o.name, o.type.tensor_type.elem_type) for o in m.graph.output]
+    assert F16 in _types(q16).values(), "nothing became float16"
+    c16 = compare(m, q16, calib=data, tensors=False)
+    c32 = compare(m, q32, calib=data, tensors=False)
+    for a16, a32 in zip(c16.outputs, c32.outputs):
+        assert np.isfinite(a16.sqnr_db) or a16.sqnr_db == float("inf"), (name, a16)
+        assert a16.sqnr_db >= min(a32.sqnr_db, 60.0) - 1.0, (name, a16.sqnr_db, a32.sqnr_db)
+
+
+def test_scales_and_float_tensors_become_fp16_integers_untouched():
+    m = motifs.integer_path()
+    q = qdqgraph.quantize(m, motifs.sample_data(m)).model
+    types = _types(q)
+    for n in q.graph.node:
+        if n.op_type == "DequantizeLinear" and n.output[0] not in {o.name for o in q.graph.output}:
+            kept = types[n.input[1]] == TensorProto.FLOAT
+            assert types[n.input[1]] in (F16, TensorProto.FLOAT)
+            assert types[n.output[0]] == (TensorProto.FLOAT if kept else F16)   # DQ output type = scale type
+        if n.op_type == "QuantizeLinear":
+            assert types[n.input[0]] == types[n.input[1]]                         # Q: scale type = input type
+    for name in ("ids", "mask", "eq_out", "ids_unsq_out"):
+        assert types[name] in (TensorProto.INT64, TensorProto.BOOL)
+
+
+def _reduce_model():
+    g = motifs.G("reduce")
+    x = g.input("x", ["n", 8, 4, 4])
+    c = g.node("Relu", [g.conv(x, 8, 8, "conv")], name="relu")
+    s = g.node("ReduceSum", [c, g.const("axes", np.array([2, 3], np.int64))], name="rsum", keepdims=1)
+    g.node("Mul", [c, s], ["y"], name="scale")
+    g.output("y")
+    return g.model()
+
+
+def test_overflowing_reduction_stays_fp32_and_relu_becomes_fp16():
+    """H1 positive (ReduceSum kept FP32, with Casts around it) and negative (the Relu beside it is FP16)."""
+    m = _reduce_model()
+    r = qdqgraph.quantize(m, motifs.sample_data(m))
+    kept = {k["node"]: k["rule"] for k in r.report.precision["kept_fp32"]}
+    assert kept.get("rsum") == "H1-overflowing-reductions"
+    assert "relu" not in kept and "scale" not in kept
+    types = _types(r.model)
+    assert types["rsum_out"] == TensorProto.FLOAT
+    assert any(n.op_type == "Cast" and n.input[0] == "rsum_out" for n in r.model.graph.node)
+
+
+def test_large_activation_keeps_its_op_fp32():
+    """H5: an op whose output reaches RANGE_LIMIT on the calibration data stays FP32; scaled down
+    below the limit, the same op goes FP16."""
+    def model(gain):
+        g = motifs.G("big")
+        x = g.input("x", ["n", 8, 4, 4])
+        c = g.node("Relu", [g.conv(x, 8, 8, "conv")], name="relu")
+        g.node("Mul", [c, g.const("gain", np.array(gain, np.float32))], ["y"], name="amplify")
+        g.output("y")
+        return g.model()
+    big = qdqgraph.quantize(model(4 * RANGE_LIMIT), motifs.sample_data(model(1.0)))
+    small = qdqgraph.quantize(model(1.0), motifs.sample_data(model(1.0)))
+    kept_big = {k["node"]: k["rule"] for k in big.report.precision["kept_fp32"]}
+    kept_small = {k["node"] for k in small.report.precision["kept_fp32"]}
+    assert kept_big.get("amplify", "").startswith("H5-range")
+    assert "amplify" not in kept_small
+
+
+def test_schema_float_only_input_stays_fp32():
+    """Resize's `scales` input is float32-only in the ONNX schema: it stays float32 while the data is FP16."""
+    g = motifs.G("resize")
+    x = g.input("x", ["n", 8, 4, 4])
+    c = g.node("Relu", [g.conv(x, 8, 8, "conv")], name="relu")
+    g.node("Resize", [c, "", g.const("scales", np.array([1, 1, 2, 2], np.float32))], ["y"], name="up", mode="nearest")
+    g.output("y")
+    m = g.model()
+    q = qdqgraph.quantize(m, motifs.sample_data(m)).model
+    onnx.checker.check_model(q, full_check=True)
+    resize = [n for n in q.graph.node if n.op_type == "Resize"][0]
+    types = _types(q)
+    assert types[resize.input[2]] == TensorProto.FLOAT and types[resize.input[0]] == F16
+
+
+def test_int8_concat_between_qdq_stays_fp32_so_onnxruntime_runs_it():
+    """H6 positive: Concat between DQs and a Q stays float32 (TensorRT runs it INT8 anyway)."""
+    m = motifs.concat_of_pools()
+    r = qdqgraph.quantize(m, motifs.sample_data(m))
+    kept = {k["node"]: k["rule"] for k in r.report.precision["kept_fp32"]}
+    concat = [n.name for n in r.model.graph.node if n.op_type == "Concat"]
+    assert concat and all(kept.get(c) == "H6-int8-concat" for c in concat)
+    feed = {k: v[0] for k, v in motifs.sample_data(m).items()}
+    assert all(np.isfinite(o).all() for o in _run(r.model, feed))
+
+
+def test_fp32_leaves_no_float16_and_opset_alone():
+    m = motifs.residual_add()
+    r = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")
+    assert F16 not in _types(r.model).values()
+    assert r.report.precision is None
+
+
+def test_simulator_reports_float_layers_as_fp16():
+    """The FP16-island model's float layers are fp16 in the simulator, fp32 without islands."""
+    m = motifs.attention()
+    data = motifs.sample_data(m)
+    rep16 = trtsim.simulate(io.load(qdqgraph.quantize(m, data).model).graph)
+    rep32 = trtsim.simulate(io.load(qdqgraph.quantize(m, data, high_precision="fp32").model).graph)
+
+    def float_precisions(rep):
+        return {p.precision for layer in rep.layers if not layer.reformat
+                for p in layer.outputs if p.precision != "int8"}
+    assert "fp16" in float_precisions(rep16)
+    assert "fp16" not in float_precisions(rep32)
+
+
+def test_keep_rules_name_known_classes_and_have_ids():
+    rules = keep_rules()
+    ids = [r.id for r in rules]
+    assert len(ids) == len(set(ids)) and all(r.id[0] == "H" and r.why for r in rules)
+
+
+def test_cli_high_precision_flag(tmp_path, capsys):
+    from qdqgraph.cli import main
+    m = motifs.conv_relu()
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    np.savez(tmp_path / "d.npz", **motifs.sample_data(m))
+    assert main(["insert", str(src), "--calib", str(tmp_path / "d.npz"), "-o", str(tmp_path / "a.onnx"),
+                 "--verify", "0"]) == 0
+    assert "float islands: fp16" in capsys.readouterr().out
+    assert main(["insert", str(src), "--calib", str(tmp_path / "d.npz"), "-o", str(tmp_path / "b.onnx"),
+                 "--high-precision", "fp32", "--verify", "0"]) == 0
+    assert "float islands" not in capsys.readouterr().out
+    assert F16 in _types(onnx.load(tmp_path / "a.onnx")).values()
+    assert F16 not in _types(onnx.load(tmp_path / "b.onnx")).values()
