@@ -137,3 +137,10 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         n += 1
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
                       [t_acc[f].result(f) for f, _ in pairs])
+
+
+def fp16_within_tolerance(fp16_vs_float: float, fp32_vs_float: float, fp16_vs_fp32: float) -> bool:
+    """FP16 tolerance: the FP16-island output is within 1% RMS of the FP32 Q/DQ output (40 dB), or,
+    where FP16 scales move the INT8 grid enough that the two Q/DQ models differ by quantization noise,
+    it loses at most 1 dB of SQNR against float."""
+    return fp16_vs_fp32 >= 40.0 or fp16_vs_float >= min(fp32_vs_float, 60.0) - 1.0
