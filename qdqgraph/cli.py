@@ -9,6 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from .cli_build import add_build, add_engine_args, add_shape_args
 from .errors import QdqError
 
 
@@ -41,6 +42,10 @@ def _add_insert(sub):
     p.add_argument("--sensitivity-samples", type=int, default=8, metavar="N")
     p.add_argument("--verify", type=int, default=8, metavar="N",
                    help="compare float and INT8 outputs on the first N calibration samples (default 8; 0 = off)")
+    p.add_argument("--engine", metavar="MODEL.plan",
+                   help="also build a TensorRT engine from the output (needs TensorRT and a GPU)")
+    add_shape_args(p)
+    add_engine_args(p)
     p.add_argument("--force", action="store_true", help="overwrite an existing output")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     p.set_defaults(run=_run_insert)
@@ -192,6 +197,11 @@ def _run_insert(args) -> int:
     if args.calib is None and args.calib_cache is None:
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz, --calib-cache FILE, or --calib random (scales then mean nothing)")
+    if args.engine:                         # fail before any work when the engine cannot be built
+        from .cli_build import _check_paths
+        from .engine import import_tensorrt
+        _check_paths(out, Path(args.engine), args.layer_info, args.force)
+        import_tensorrt()
     progress = _progress(args)
     result = quantize(args.model, args.calib, method=args.method, rules=args.rules,
                       exclude_ops=args.exclude_op, exclude_nodes=args.exclude_node,
@@ -212,6 +222,13 @@ def _run_insert(args) -> int:
             from .evaluate import compare
             print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,
                           preprocess=args.preprocess).table())
+    if args.engine:
+        from .cli_build import build_and_diff
+        from .pipeline import calibration_data
+        loaded = io.load(written[0])
+        data = (calibration_data(io.load(args.model), args.calib, preprocess=args.preprocess)
+                if args.calib and args.calib != "random" else None)
+        build_and_diff(written[0], Path(args.engine), args, loaded, data)
     return 0
 
 
@@ -352,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report(sub)
     _add_example(sub)
     _add_strip(sub)
+    add_build(sub)
     return ap
 
 

@@ -184,7 +184,6 @@ class _Retyper:
     def run(self) -> PrecisionResult:
         g = self.graph
         graph_inputs = {t.name for t in g.inputs}
-        graph_outputs = {t.name for t in g.outputs}
         produced: dict[str, np.dtype] = {}
         for node in g.nodes:
             island_node = node.name not in self.keep
