@@ -134,6 +134,38 @@ def _run_report(args) -> int:
     return 3 if args.strict and diagnostics else 0
 
 
+def _add_compare(sub):
+    p = sub.add_parser("compare", help="float vs quantized: per-output and per-tensor agreement on data",
+                       description="Run both models on the same samples: per output cosine, SQNR, max abs error "
+                                   "and top-1 agreement (logits); per quantized tensor present in both, its SQNR, "
+                                   "so the layer where the error jumps is named.")
+    p.add_argument("float_model", help="the float ONNX model")
+    p.add_argument("quant_model", help="its quantized version (any Q/DQ model with the same tensor names)")
+    p.add_argument("--data", required=True, help="samples, read like insert's --calib")
+    p.add_argument("--samples", type=int, default=32, help="first N samples (default 32)")
+    p.add_argument("--all", action="store_true", help="list every quantized tensor, in graph order")
+    p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
+    _add_preprocess(p)
+    p.set_defaults(run=_run_compare)
+
+
+def _run_compare(args) -> int:
+    import json
+
+    from . import io
+    from .evaluate import compare
+    if args.samples < 1:
+        raise QdqError("--samples must be at least 1", "pass a positive number")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise QdqError(f"folder of {args.json} does not exist", "create it or choose another --json path")
+    c = compare(args.float_model, args.quant_model, calib=args.data, samples=args.samples,
+                preprocess=args.preprocess)
+    print(c.table(every=args.all))
+    if args.json:
+        io.write_text_atomic(Path(args.json), json.dumps(c.to_dict(), indent=1, default=float) + "\n")
+    return 0
+
+
 def _add_example(sub):
     p = sub.add_parser("example", help="write a small ResNet-style model and calibration data to try qdqgraph on")
     p.add_argument("folder", help="where to write tiny_resnet.onnx and tiny_resnet_calib.npz")
@@ -367,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_insert(sub)
     _add_calibrate(sub)
     _add_report(sub)
+    _add_compare(sub)
     _add_example(sub)
     _add_strip(sub)
     add_build(sub)

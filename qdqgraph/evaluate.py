@@ -41,16 +41,34 @@ class Comparison:
     def worst_tensors(self, k: int = 5) -> list[Agreement]:
         return sorted(self.tensors, key=lambda a: a.sqnr_db)[:k]
 
-    def table(self, k: int = 10) -> str:
+    def largest_drop(self) -> tuple[Agreement, float] | None:
+        """The quantized tensor whose SQNR falls most below the best SQNR of the tensors before it
+        (topological order): where the error jumps."""
+        best, found = None, None
+        for a in self.tensors:
+            if best is not None and np.isfinite(a.sqnr_db) and (found is None or best - a.sqnr_db > found[1]):
+                found = (a, best - a.sqnr_db)
+            if np.isfinite(a.sqnr_db):
+                best = a.sqnr_db if best is None else max(best, a.sqnr_db)
+        return found if found and found[1] > 0 else None
+
+    def table(self, k: int = 10, every: bool = False) -> str:
         lines = [f"float vs quantized on {self.samples} samples"]
         for a in self.outputs:
             t1 = f", top-1 agreement {a.top1:.3f}" if a.top1 is not None else ""
             lines.append(f"  output {a.name}: cosine {a.cosine:.4f}, SQNR {a.sqnr_db:.1f} dB, "
                          f"max abs error {a.max_abs_error:.3g}{t1}")
-        if self.tensors:
+        if self.tensors and every:
+            lines.append(f"  {len(self.tensors)} quantized tensors in graph order:")
+            lines.extend(f"    {a.sqnr_db:6.1f} dB  cosine {a.cosine:.4f}  {a.name}" for a in self.tensors)
+        elif self.tensors:
             lines.append(f"  lowest SQNR among {len(self.tensors)} quantized tensors:")
             for a in self.worst_tensors(k):
                 lines.append(f"    {a.sqnr_db:6.1f} dB  cosine {a.cosine:.4f}  {a.name}")
+        drop = self.largest_drop()
+        if drop:
+            lines.append(f"  the error jumps at {drop[0].name}: {drop[0].sqnr_db:.1f} dB, {drop[1]:.1f} dB below the "
+                         f"best tensor before it")
         return "\n".join(lines)
 
 

@@ -39,3 +39,29 @@ def test_mis_scaled_tensor_is_named():
     assert bad_c.worst_tensors(1)[0].name == target
     assert bad_c.outputs[0].sqnr_db < good_c.outputs[0].sqnr_db - 6
     assert {a.name for a in bad_c.tensors} == {a.name for a in good_c.tensors} >= {target, "x", "stem_relu_out"}
+
+
+def test_compare_cli_names_the_mis_scaled_tensor_and_writes_json(tmp_path, capsys):
+    """The CLI on a float model and a copy with one activation's scale shrunk 50x: exit 0, the
+    tensor named where the error jumps, and JSON with per-output and per-tensor figures."""
+    import json
+
+    from qdqgraph.cli import main
+    m = motifs.residual_add(projection=True)
+    data = motifs.sample_data(m)
+    loaded = io.load(qdqgraph.quantize(m, data, high_precision="fp32").model)
+    for n in loaded.graph.nodes:
+        if n.op in ("QuantizeLinear", "DequantizeLinear") and n.inputs[0].name in ("relu1_out", "relu1_out_quantized"):
+            n.inputs[1] = gs.Constant(n.inputs[1].name + "_bad", np.asarray(n.inputs[1].values / 50, np.float32))
+    onnx.save(m, tmp_path / "f.onnx")
+    onnx.save(io.to_model(loaded), tmp_path / "q.onnx")
+    np.savez(tmp_path / "d.npz", **data)
+    assert main(["compare", str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), "--data", str(tmp_path / "d.npz"),
+                 "--json", str(tmp_path / "c.json"), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "the error jumps at relu1_out" in out
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["samples"] == 8 and doc["outputs"][0]["sqnr_db"] > 0
+    assert {t["name"] for t in doc["tensors"]} >= {"relu1_out", "x"}
+    assert main(["compare", str(tmp_path / "f.onnx"), str(tmp_path / "missing.onnx"), "--data",
+                 str(tmp_path / "d.npz")]) == 2
