@@ -6,6 +6,8 @@ or `arr[i:i+1]` (same rank as the input: the first axis is the batch). Pickled a
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import copy
 import warnings
 from dataclasses import dataclass
@@ -75,7 +77,7 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
             files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
             if not files:
                 raise QdqError(f"{path} holds no .npz or .npy files", "put calibration arrays in it")
-            return [read_arrays(p, inputs) for p in files]  # one chunk per file
+            return [FileChunk(p, inputs) for p in files]  # one chunk per file, read when used
         elif path.suffix == ".npz":
             arrays = _load_npz(path)
         elif path.suffix == ".npy":
@@ -95,6 +97,34 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
         raise QdqError(f"calibration data has array(s) {extra} that are not model inputs "
                        f"(inputs: {names})", "rename or drop them")
     return arrays
+
+
+class FileChunk(Mapping):
+    """The arrays of one file of a calibration folder, read when used: only the file in use (the
+    last one read) is held in memory, so a folder of any size calibrates in flat memory."""
+
+    _last: tuple[Path, dict] | None = None
+
+    def __init__(self, path: Path, inputs: list[InputSpec]):
+        self.path, self.inputs = path, inputs
+        self.names = [i.name for i in inputs]
+        self._arrays()                          # validate names now: errors name the file at once
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        last = FileChunk._last
+        if last is None or last[0] != self.path:
+            FileChunk._last = None              # drop the previous file before reading the next
+            FileChunk._last = (self.path, read_arrays(self.path, self.inputs))
+        return FileChunk._last[1]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays()[name]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def _has_images(folder: Path) -> bool:
