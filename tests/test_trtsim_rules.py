@@ -84,6 +84,21 @@ def swish(with_mul=True):
     return g.head(y)
 
 
+def hardswish(escape=False):
+    """c1 -> x * Clip(x + 3, 0, 6) / 6 (HardSwish as exporters write it out) -> Q/DQ -> head;
+    with `escape`, the Clip output also leaves the region (two outputs: no single PointWise)."""
+    g = QG("hardswish")
+    c = g.qconv(g.qdq(g.input("x", ["n", 8, 4, 4]), "x"), "c1")
+    a = g.node("Add", [c, g.const("three", np.array(3, np.float32))], name="hs_add")
+    k = g.node("Clip", [a, g.const("lo", np.array(0, np.float32)), g.const("hi", np.array(6, np.float32))], name="hs_clip")
+    m = g.node("Mul", [c, k], name="hs_mul")
+    y = g.node("Div", [m, g.const("six", np.array(6, np.float32))], name="hs_div")
+    if escape:
+        g.node("Sigmoid", [k], ["y2"], name="escape")
+        g.output("y2")
+    return g.head(y)
+
+
 def conv_mul_activation():
     g = QG("conv_mul")
     c = g.qconv(g.qdq(g.input("x", ["n", 8, 4, 4]), "x"), "c1")
@@ -292,6 +307,7 @@ CASES = {
     "F2-scale": ((conv_scale, "scale"), (conv_mul_activation, "mul", "2 activation inputs")),
     "F2-swish": ((swish, "sig"), (lambda: swish(with_mul=False), "sig", "does not feed exactly the gate")),
     "F2-activation": ((conv_chain, "act"), (conv_fanout, "first", "also feeds")),
+    "F2-pointwise-region": ((hardswish, "hs_add"), (lambda: hardswish(escape=True), "hs_add", "2 outputs, not one")),
     "F2-residual-add": ((residual, "add"), (lambda: residual(broadcast=True), "add", "broadcasting Add")),
     "F2-output-q": ((conv_chain, "h_q"), (lambda: residual(quant_skip=False), "head_in_q", "is float, so the output is float (F3)")),
     "F3-residual-dq": ((residual, "s_dq"), (lambda: residual(tail="gap"), "s_dq", "output is float")),
@@ -333,6 +349,13 @@ def test_rule_negative(rule_id):
 
 
 # ---------------------------------------------------------------------------- what the rules change
+
+def test_decomposed_hardswish_fuses_into_the_conv_with_an_int8_output():
+    report = sim(hardswish())
+    layer = report.layer_of("hs_div")
+    assert layer is report.layer_of("c1") and layer.outputs[0].precision == "int8"
+    assert report.summary["reformats_inside"] == 0
+
 
 def test_a_float_layer_takes_no_output_scale():
     report = sim(conv_chain("float"))

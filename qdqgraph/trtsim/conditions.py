@@ -383,6 +383,55 @@ def c_swish_pair(ctx, node, arg):
     return True, ""
 
 
+MAX_REGION = 8      # pointwise nodes one generic PointWise epilogue may merge (a bound, not a TensorRT figure)
+
+
+def pointwise_region(g: SimGraph, t: str) -> tuple[list[SNode], str | None, str]:
+    """The pointwise ops fed, directly or through each other, by tensor `t` alone (their other
+    operands constants): ([nodes in order], the one tensor leaving the region, reason if none).
+    A decomposed HardSwish x*clip(x+3,0,6)/6 or an erf GELU after a conv or MatMul is one."""
+    region: dict[str, SNode] = {}
+    inside = {t}
+    grew = True
+    while grew:                          # fixpoint: an op joins once all its activation operands are inside
+        grew = False
+        for x in sorted(inside):
+            for c, _ in g.consumers(x):
+                if (c.name in region or c.role != OP
+                        or not (g.vocab.is_(c, "elementwise") or g.vocab.is_(c, "epilogue"))
+                        or any(d not in inside for d in g.data_inputs(c))):
+                    continue
+                region[c.name] = c
+                inside.update(o for o in c.outputs if o)
+                grew = True
+                if len(region) > MAX_REGION:
+                    return [], None, f"more than {MAX_REGION} pointwise ops"
+    leaving = sorted({o for n in region.values() for o in n.outputs
+                      if o and (g.is_graph_output(o) or any(c.name not in region for c, _ in g.consumers(o)))})
+    if any(c.name not in region for c, _ in g.consumers(t)):
+        return [], None, f"{t} also feeds ops outside the pointwise region"
+    if len(leaving) != 1:
+        return [], None, f"the pointwise region has {len(leaving)} outputs, not one"
+    order = {n.name: k for k, n in enumerate(g.order())}
+    return sorted(region.values(), key=lambda n: order[n.name]), leaving[0], ""
+
+
+def c_pointwise_region(ctx, node, arg):
+    """The node starts a region of >= 2 pointwise ops with one input (the layer's output) and one
+    output: TensorRT fuses adjacent pointwise layers into one PointWise op, a generic
+    single-in/single-out epilogue (F2)."""
+    if ctx.tensor is None or ctx.g.is_graph_output(ctx.tensor):
+        return False, "not reached from a layer"
+    nodes, out, why = pointwise_region(ctx.g, ctx.tensor)
+    if out is None:
+        return False, why
+    if len(nodes) < 2:
+        return False, "a single pointwise op (the other epilogue rules apply)"
+    if node not in nodes:
+        return False, f"{node.name} is not in the pointwise region of {ctx.tensor}"
+    return True, ""
+
+
 def c_requant(ctx, node, arg):
     if node.role != REQUANT:
         return False, "not a requantize"
@@ -396,6 +445,7 @@ def c_op_node(ctx, node, arg):
 
 
 CONDITIONS = {
+    "pointwise_region": c_pointwise_region,
     "sole_equal_q_consumers": c_sole_equal_q_consumers, "outputs_not_graph_outputs": c_outputs_not_graph_outputs,
     "inputs_not_graph_inputs": c_inputs_not_graph_inputs, "zero_constants": c_zero_constants,
     "pad_constant_mode": c_pad_constant_mode, "not_int8": c_not_int8, "float_outputs": c_float_outputs,

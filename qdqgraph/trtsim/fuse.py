@@ -8,7 +8,7 @@ ops. A node belongs to one layer; a DQ may be absorbed by several consumers (Ten
 """
 from __future__ import annotations
 
-from .conditions import Ctx, LayerBuild, evaluate, op_matches
+from .conditions import Ctx, LayerBuild, evaluate, op_matches, pointwise_region
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -127,6 +127,13 @@ class Fuser:
                 mul = next(m for m, _ in g.consumers(t) if m is not c)
                 self.own(layer, mul, rule.id)
                 layer.out = mul.outputs[0]
+            if rule.when and "pointwise_region" in rule.when:
+                nodes, out, _ = pointwise_region(g, t)
+                for n in nodes:
+                    if n.name not in self.owner:
+                        self.own(layer, n, rule.id)
+                layer.out = out
+                layer.has_activation = True
 
     def output(self, layer: LayerBuild):
         """Trailing Q (F2, F3), the residual's precision (F3), then ConvActPool and requantize."""

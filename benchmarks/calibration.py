@@ -1,0 +1,173 @@
+"""Calibration cost on ResNet-50 (torchvision architecture, opset 17): qdqgraph's methods against
+plain inference, onnxruntime's quantize_static calibrators and Model Optimizer, in one run.
+
+    .venv/bin/python benchmarks/calibration.py [--model /tmp/qdqgraph-tv/models/resnet50.onnx]
+        [--sizes 64,512] [--batches 1,8] [--tools plain,max,entropy,percentile,mse,ort-minmax,ort-entropy,
+        ort-percentile,modelopt] [--modelopt-python /tmp/mo-venv/bin/python] [--memory-gb 20]
+
+Every configuration runs in its own process, which reports its wall time (the calibration step, not
+the import or the data generation) and its peak RSS (ru_maxrss). The samples (random, seeded,
+1x3x224x224) are written to a folder of one .npz per 8 samples, which every tool streams. Sizes
+whose predicted memory exceeds --memory-gb are skipped and said so: onnxruntime's histogram
+calibrators keep every batch's activations (about 110 MB per sample on ResNet-50). Ratios are to
+plain inference of the same samples at the same batch size, in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QDQ_METHODS = ("max", "entropy", "percentile", "mse")
+ORT_METHODS = {"ort-minmax": "MinMax", "ort-entropy": "Entropy", "ort-percentile": "Percentile"}
+ORT_MB_PER_SAMPLE = {"ort-minmax": 0, "ort-entropy": 110, "ort-percentile": 110}
+
+CHILD = r'''
+import json, resource, sys, time
+from pathlib import Path
+import numpy as np
+tool, model, folder, batch, out = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+files = sorted(folder.glob("*.npz"))
+
+def batches():
+    buf = []
+    for f in files:
+        with np.load(f) as z:
+            for x in z["input"]:
+                buf.append(x)
+                if len(buf) == batch:
+                    yield np.concatenate(buf)
+                    buf = []
+    if buf:
+        yield np.concatenate(buf)
+
+if tool == "plain":
+    import onnxruntime as ort
+    s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    t = time.perf_counter()
+    for b in batches():
+        s.run(None, {"input": b})
+    seconds = time.perf_counter() - t
+elif tool.startswith("qdq-"):
+    from qdqgraph.cli import main
+    t = time.perf_counter()
+    code = main(["calibrate", model, "--calib", str(folder), "--method", tool[4:], "--batch-size", str(batch),
+                 "-o", out, "--force", "--quiet"])
+    seconds = time.perf_counter() - t
+    assert code == 0
+elif tool.startswith("ort-"):
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = batches()
+        def get_next(self):
+            b = next(self.it, None)
+            return None if b is None else {"input": b}
+    t = time.perf_counter()
+    quantize_static(model, out, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8, per_channel=True,
+                    calibrate_method=getattr(CalibrationMethod, sys.argv[6]))
+    seconds = time.perf_counter() - t
+elif tool == "modelopt":
+    from modelopt.onnx.quantization import quantize
+    data = np.concatenate([np.load(f)["input"].reshape(-1, 3, 224, 224) for f in files])
+    t = time.perf_counter()
+    quantize(model, quantize_mode="int8", calibration_data={"input": data}, calibration_method="max",
+             calibration_eps=["cpu"], output_path=out)
+    seconds = time.perf_counter() - t
+print(json.dumps({"seconds": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+'''
+
+
+def make_data(folder: Path, n: int, seed: int = 0) -> None:
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    for k in range(0, n, 8):
+        m = min(8, n - k)
+        np.savez(folder / f"s{k:05d}.npz", input=rng.standard_normal((m, 1, 3, 224, 224), dtype=np.float32))
+
+
+def run(tool: str, model: str, folder: Path, batch: int, python: str, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        out = str(Path(d) / ("out.json" if tool.startswith("qdq-") else "out.onnx"))
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        p = subprocess.run([python, "-c", CHILD, tool, model, str(folder), str(batch), out, *extra],
+                           capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["failed"])[-1][:160]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="/tmp/qdqgraph-tv/models/resnet50.onnx")
+    ap.add_argument("--sizes", default="64,512")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--tools", default="plain,max,entropy,percentile,mse,ort-minmax,ort-entropy,ort-percentile,modelopt")
+    ap.add_argument("--modelopt-python", default="/tmp/mo-venv/bin/python")
+    ap.add_argument("--memory-gb", type=float, default=20.0)
+    args = ap.parse_args()
+    if not Path(args.model).exists():
+        print(f"{args.model} missing: run benchmarks/export_torchvision.py first")
+        return 0
+    tools = args.tools.split(",")
+    have_mo = Path(args.modelopt_python).exists()
+    print(f"load average at start {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores")
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        with tempfile.TemporaryDirectory() as d:
+            folder = Path(d)
+            make_data(folder, n)
+            for batch in (int(b) for b in args.batches.split(",")):
+                base = None
+                for tool in tools:
+                    label, python, extra, key = tool, sys.executable, [], tool
+                    if tool in QDQ_METHODS:
+                        label, key = f"qdqgraph {tool}", f"qdq-{tool}"
+                    elif tool in ORT_METHODS:
+                        label = f"onnxruntime {ORT_METHODS[tool]}"
+                        extra = [ORT_METHODS[tool]]
+                        need_gb = ORT_MB_PER_SAMPLE[tool] * n / 1024
+                        if need_gb > args.memory_gb:
+                            rows.append((n, batch, label, None, None, f"skipped: needs ~{need_gb:.0f} GB "
+                                                                          f"(110 MB per sample kept)"))
+                            print(rows[-1], flush=True)
+                            continue
+                    elif tool == "modelopt":
+                        label = "Model Optimizer (max)"
+                        if not have_mo:
+                            rows.append((n, batch, label, None, None, f"not installed ({args.modelopt_python})"))
+                            continue
+                        if batch != 1:
+                            rows.append((n, batch, label, None, None, "batch set by its API, measured at batch 1"))
+                            continue
+                        python = args.modelopt_python
+                    r = run(key, args.model, folder, batch, python, extra)
+                    if "error" in r:
+                        rows.append((n, batch, label, None, None, r["error"]))
+                    else:
+                        if tool == "plain":
+                            base = r["seconds"]
+                        rows.append((n, batch, label, r["seconds"], r["peak_mb"], ""))
+                    print(rows[-1], flush=True)
+                for i, row in enumerate(rows):
+                    if row[0] == n and row[1] == batch and row[3] is not None and base:
+                        rows[i] = row + (row[3] / base,) if len(row) == 6 else row
+    print(f"\nload average at end {os.getloadavg()[0]:.2f}\n")
+    print("| samples | batch | tool | seconds | x plain inference | peak RSS MB | note |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        n, batch, label, sec, mb, note = row[:6]
+        ratio = f"{row[6]:.2f}" if len(row) > 6 else "-"
+        print(f"| {n} | {batch} | {label} | {'-' if sec is None else f'{sec:.1f}'} | {ratio} | "
+              f"{'-' if mb is None else f'{mb:.0f}'} | {note} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
