@@ -97,3 +97,37 @@ def test_concat_group_has_one_state():
     data = CalibrationData(motifs.sample_data(m, n=3), model_inputs(loaded.graph))
     got = collect(loaded, groups, data, method="entropy")
     assert set(got.states) == set(groups)
+
+
+def _big_map_model():
+    g = motifs.G("big_map")
+    x = g.input("x", ["n", 4, 40, 40])
+    y = g.node("Relu", [g.conv(x, 4, 8, "c1")], name="r1")
+    g.node("Conv", [y, g.weight("w2", (8, 8, 3, 3))], ["y"], name="c2", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.output("y")
+    return g.model()
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_large_maps_are_histogrammed_on_the_stride_subsample(stride):
+    """40x40 maps (>= SUBSAMPLE_MIN_HW): the in-graph histogram equals numpy's histogram of
+    x[:, :, ::stride, ::stride]; stride 1 is every value; the max method always sees every value."""
+    m = _big_map_model()
+    loaded, plan = prepared(m)
+    arrays = motifs.sample_data(m, n=6)
+    data = CalibrationData(arrays, model_inputs(loaded.graph))
+    got = collect(loaded, plan.groups(), data, method="entropy", stride=stride)
+    names = sorted({t for members in plan.groups().values() for t in members})
+    sess = ort.InferenceSession(io.with_outputs(io.to_model(loaded), names).SerializeToString())
+    owner = {t: rep for rep, members in plan.groups().items() for t in members}
+    ref = {rep: RangeState() for rep in plan.groups()}
+    full_max = dict.fromkeys(plan.groups(), 0.0)
+    for feed in data.batches(1):
+        for n, v in zip(names, sess.run(names, feed)):
+            ref[owner[n]].update(v[:, :, ::stride, ::stride] if v.ndim == 4 else v)
+            full_max[owner[n]] = max(full_max[owner[n]], float(np.abs(v).max()))
+    for rep in plan.groups():
+        np.testing.assert_array_equal(got.states[rep].counts, ref[rep].counts)
+        assert got.states[rep].count == ref[rep].count
+    exact = collect(loaded, plan.groups(), data, method="max")
+    assert {r: exact.states[r].amax for r in plan.groups()} == full_max

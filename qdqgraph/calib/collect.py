@@ -8,6 +8,12 @@ batch goes past a tensor's histogram range the range grows and that batch is run
 the tensors that grew (this happens in the first few batches; later ones fit). Each batch is
 reduced at once and dropped, so memory does not grow with the number of samples. Tensors that
 must share one scale (a Concat group) feed one state.
+
+With `stride` > 1 (Python API), large feature maps are histogrammed on a spatial subsample: for
+an NCHW tensor of at least SUBSAMPLE_MIN_HW positions, every `stride`-th row and column. Measured
+on ResNet-50 (32 samples, batch 8): 1.94x -> 1.81x plain inference, with percentile thresholds
+within 0.7% but entropy thresholds up to 10% off on one tensor; so the default histograms every
+value, as TensorRT's calibrators do. The `max` method always sees every value.
 """
 from __future__ import annotations
 
@@ -23,6 +29,10 @@ from ..data import CalibrationData
 from ..errors import QdqError
 from ..runtime import session
 from .histogram import RangeState
+
+
+HISTOGRAM_STRIDE = 1          # default spatial stride of the histogram subsample (1: every value)
+SUBSAMPLE_MIN_HW = 1024       # H*W below which a feature map is histogrammed whole
 
 
 class MaxState:
@@ -68,14 +78,30 @@ class _Probe:
     inv_in: str | None = None
 
 
-def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool) -> tuple[gs.Graph, list[_Probe]]:
+def _subsampled(g: gs.Graph, t: gs.Tensor, i: int, stride: int) -> gs.Tensor:
+    """`t[:, :, ::stride, ::stride]` for a large static NCHW map, else `t` itself."""
+    shape = t.shape
+    if (stride <= 1 or shape is None or len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape[2:])
+            or shape[2] * shape[3] < SUBSAMPLE_MIN_HW):
+        return t
+
+    def const(stem, v):
+        return gs.Constant(f"qdqgraph_calib_{stem}_{i}", np.array(v, dtype=np.int64))
+    return g.layer(op="Slice", name=f"qdqgraph_calib_subsample_{i}",
+                   inputs=[t, const("starts", [0, 0]), const("ends", [shape[2], shape[3]]), const("axes", [2, 3]),
+                           const("steps", [stride, stride])],
+                   outputs=[gs.Variable(f"qdqgraph_calib_subsample_{i}", dtype=np.float32)])[0]
+
+
+def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
+                      stride: int = HISTOGRAM_STRIDE) -> tuple[gs.Graph, list[_Probe]]:
     """A copy of `graph` that also outputs max|x| of each tensor and, with `histogram`, its bin
-    indices at a width fed through an extra input."""
+    indices at a width fed through an extra input (over a spatial subsample of large maps)."""
     g = graph.copy()
     existing = g.tensors()
     probes = []
     for i, name in enumerate(tensors):
-        t = existing[name]
+        t = _subsampled(g, existing[name], i, stride) if histogram else existing[name]
         a = g.layer(op="Abs", name=f"qdqgraph_calib_abs_{i}", inputs=[t],
                     outputs=[gs.Variable(f"qdqgraph_calib_abs_{i}", dtype=np.float32)])[0]
         amax = g.layer(op="ReduceMax", name=f"qdqgraph_calib_amax_{i}", inputs=[a], attrs={"keepdims": 0},
@@ -100,13 +126,14 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool) -> t
 
 def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData,
             method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
-            progress=None) -> Collected:
-    """Reduce every tensor of `groups` (representative -> member tensors) over all samples."""
+            progress=None, stride: int = HISTOGRAM_STRIDE) -> Collected:
+    """Reduce every tensor of `groups` (representative -> member tensors) over all samples;
+    histograms of large maps over every `stride`-th row and column (1: every value)."""
     providers = providers or ["CPUExecutionProvider"]
     tensors = sorted({t for members in groups.values() for t in members})
     owner = {t: rep for rep, members in groups.items() for t in members}
     histogram = method != "max"
-    graph, probes = calibration_graph(loaded.graph, tensors, histogram)
+    graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride)
     shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
     sess = session(io.to_model(shell), providers)
     states = {rep: new_state(method) for rep in groups}
