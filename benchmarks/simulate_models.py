@@ -61,7 +61,7 @@ def summary(path_or_model) -> dict:
 
 def cell(s: dict | None) -> str:
     if s is None:
-        return "-"
+        return "- | - | -"
     return (f"{s['int8_layers']}/{s['layers']} | {s['reformats_inside']} + {s['reformats'] - s['reformats_inside']} | "
             f"{100 * s['int8_flops_share']:.1f}%")
 
