@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-import onnx  # noqa: E402
 
 import qdqgraph  # noqa: E402
 from qdqgraph import io, trtsim  # noqa: E402

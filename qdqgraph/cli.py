@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .cli_build import add_build, add_engine_args, add_shape_args
+from .cli_build import add_build, add_engine_args, add_shape_args, require_folders
 from .errors import QdqError
 
 
@@ -114,9 +114,7 @@ def _run_report(args) -> int:
     from . import io
     from .trtsim import diff, lint, read_engine_report, simulate
     loaded = io.load(args.model)
-    for path in (args.json, args.graph):
-        if path and not Path(path).resolve().parent.exists():
-            raise QdqError(f"folder of {path} does not exist", "create it or choose another path")
+    require_folders(args.json, args.graph)
     sim = simulate(loaded.graph)
     diagnostics = lint(loaded.graph)
     if args.quiet:
@@ -156,8 +154,7 @@ def _run_compare(args) -> int:
     from .evaluate import compare
     if args.samples < 1:
         raise QdqError("--samples must be at least 1", "pass a positive number")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise QdqError(f"folder of {args.json} does not exist", "create it or choose another --json path")
+    require_folders(args.json)
     c = compare(args.float_model, args.quant_model, calib=args.data, samples=args.samples,
                 preprocess=args.preprocess)
     print(c.table(every=args.all))

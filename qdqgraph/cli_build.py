@@ -39,14 +39,19 @@ def add_build(sub) -> None:
     p.set_defaults(run=run_build)
 
 
+def require_folders(*paths) -> None:
+    """Each given output path's folder exists (checked before any work is done)."""
+    for p in paths:
+        if p and not Path(p).resolve().parent.is_dir():
+            raise QdqError(f"folder of {p} does not exist", "create it or choose another path")
+
+
 def _check_paths(model: Path, plan: Path, layer_info, force: bool) -> None:
     if plan.exists() and not force:
         raise QdqError(f"{plan} exists", "pass --force to overwrite it, or choose another -o")
     if model.exists() and plan.resolve() == model.resolve():
         raise QdqError(f"the engine path {plan} is the input model", "choose another -o")
-    for p in (plan, Path(layer_info) if layer_info else None):
-        if p is not None and not p.resolve().parent.is_dir():
-            raise QdqError(f"folder of {p} does not exist", "create it or choose another path")
+    require_folders(plan, layer_info)
 
 
 def engine_profiles(args, loaded, data=None):

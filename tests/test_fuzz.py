@@ -6,7 +6,6 @@ import hashlib
 
 import numpy as np
 import onnx
-import pytest
 from hypothesis import HealthCheck, given, settings
 
 import fuzzgraphs
