@@ -223,6 +223,14 @@ def report(models, tools, results, seconds, methods, all_metrics, failed=None):
                "samples (SNR of that output):")
     out.append("")
     out.append(md_table(["model", "agreement metric"] + tools, arows))
+    share_rows = [[name] + [f"{100 * results[t][name]['int8_flops_share']:.1f}%"
+                            if results.get(t, {}).get(name, {}).get("int8_flops_share") is not None else "-"
+                            for t in tools if t.startswith("qdqgraph")] for name in models]
+    if any(c != "-" for r in share_rows for c in r[1:]):
+        out.append("")
+        out.append("INT8 share of FLOPs predicted by the simulator for each qdqgraph output:")
+        out.append("")
+        out.append(md_table(["model"] + [t for t in tools if t.startswith("qdqgraph")], share_rows))
     fb_rows = []
     for t in tools:
         for name in models:
@@ -332,9 +340,12 @@ def main():
             if not inserts[m][n]["ok"]:
                 res[n] = {"insert_error": inserts[m][n]["error"]}
             res.setdefault(n, {}).update(insert_seconds=round(inserts[m][n]["seconds"], 2))
-            fb = (inserts[m][n].get("report") or {}).get("fallback")
+            rep = inserts[m][n].get("report") or {}
+            fb = rep.get("fallback")
             if fb:
                 res[n]["fallback"] = {k: fb[k] for k in ("all_int8_db", "final_db", "float_nodes", "seconds")}
+            if rep.get("tensorrt"):
+                res[n]["int8_flops_share"] = rep["tensorrt"]["int8_flops_share"]
         results[tool] = res
 
     (out / "results.json").write_text(json.dumps({"models": models, "tools": tools, "results": results}, indent=1))
