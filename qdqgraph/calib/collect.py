@@ -2,7 +2,9 @@
 
 Only the tensors the plan quantizes are observed, and most of the reduction runs inside the
 onnxruntime session itself: for each tensor the calibration graph adds `ReduceMax(Abs(x))`, and,
-for the histogram methods, the bin index `Cast(Abs(x) * inv_width)` (truncation = floor for |x| >= 0) with
+for the histogram methods, the bin index `Cast(Abs(x) * inv_width)` (truncation = floor for |x| >= 0;
+int32: int64 indices let `np.bincount` skip a conversion, twice as fast, but the larger outputs made
+the whole loop slower, 1.68x -> 1.74x plain inference at batch 1 and 2.02x -> 2.42x at batch 8) with
 `inv_width` fed as an input each run. Python then only counts indices (`np.bincount`). When a
 batch goes past a tensor's histogram range the range grows and that batch is run once more for
 the tensors that grew (this happens in the first few batches; later ones fit). Each batch is
@@ -185,7 +187,7 @@ def _reduce(probes, owner, states, out, widths, sample) -> None:
         _check(a, p.tensor, sample)
         st = states[owner[p.tensor]]
         w = widths[p.tensor]
-        if float(a) / w >= 2.0 ** 30:  # the int32 cast in the graph would have overflowed
+        if float(a) / w >= 2.0 ** 30:  # np.bincount would need a count array of gigabytes
             raise QdqError(f"tensor '{p.tensor}' jumped from a range of {w * st.num_bins:.3g} to "
                            f"{float(a):.3g} on calibration sample {sample}",
                            "check the calibration data for outliers")
