@@ -2,8 +2,9 @@
 
 A *unit* is one quantized node of the plan with the Q/DQ edges it consumes (a Conv's activation
 input and its weight; a residual Add's skip input; ...). Sensitivity is measured on a switchable
-model: every quantized edge goes through `Where(flag_unit, dequantized, float)`, with one boolean
-input per unit, so one onnxruntime session evaluates any mix of float and INT8 units. For each
+model: every quantized edge goes through `If(flag_unit) then Q->DQ else float`, with one boolean
+input per unit, so one onnxruntime session evaluates any mix of float and INT8 units, computing
+only the Q/DQ of the units that are INT8 in that run (a `Where` would compute both sides). For each
 unit it measures the output SQNR (against float) when only that unit is quantized, and when only
 that unit is left in float. Cost: (2 x units + 2) runs of the sensitivity batch (a few samples,
 `samples`), each a full inference; it grows linearly with the number of units and does not
@@ -64,9 +65,21 @@ def _sqnr(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
     return 10 * np.log10(sig / err) if err > 0 else float("inf")
 
 
+def _if(flag: gs.Variable, name: str, then_nodes: list[gs.Node], then_out: gs.Variable,
+        float_t: gs.Tensor, out: gs.Variable) -> gs.Node:
+    """If(flag) then <then_nodes> else Identity(float_t): only the chosen branch runs."""
+    else_out = gs.Variable(f"{out.name}_float", dtype=np.float32)
+    then_g = gs.Graph(nodes=then_nodes, inputs=[], outputs=[then_out], name=f"{name}_int8")
+    else_g = gs.Graph(nodes=[gs.Node("Identity", name=f"{name}_id", inputs=[float_t], outputs=[else_out])],
+                      inputs=[], outputs=[else_out], name=f"{name}_float")
+    return gs.Node("If", name=name, inputs=[flag], outputs=[out],
+                   attrs={"then_branch": then_g, "else_branch": else_g})
+
+
 def switchable(quant_graph: gs.Graph, plan: Plan) -> tuple[gs.Graph, dict[str, str]]:
     """A copy of a Q/DQ graph made by insert_qdq where each quantized unit's edges pass through
-    Where(flag, dequantized, float). Returns the graph and {unit node name: flag input name}."""
+    If(flag) then Q->DQ (or the dequantized weight) else the float tensor, so that a run computes
+    only the Q/DQ of the units switched to INT8. Returns the graph and {unit node name: flag input}."""
     g = quant_graph.copy()
     nodes = {n.name: n for n in g.nodes}
     flags = {}
@@ -82,25 +95,33 @@ def switchable(quant_graph: gs.Graph, plan: Plan) -> tuple[gs.Graph, dict[str, s
                 continue
             src = p.inputs[0]
             q = src.inputs[0] if src.inputs else None
+            sel = gs.Variable(f"{t.name}_sel_{k}_{i}", dtype=np.float32, shape=t.shape)
+            then_out = gs.Variable(f"{sel.name}_int8", dtype=np.float32)
             if q is not None and q.op == "QuantizeLinear":
                 float_t = q.inputs[0]
-            elif isinstance(src, gs.Constant):   # INT8 weight: its float value
+                q8 = gs.Variable(f"{sel.name}_q", dtype=src.dtype)
+                then_nodes = [gs.Node("QuantizeLinear", name=f"{sel.name}_qn", inputs=[float_t, *q.inputs[1:]],
+                                      outputs=[q8], attrs=dict(q.attrs)),
+                              gs.Node("DequantizeLinear", name=f"{sel.name}_dqn", inputs=[q8, *p.inputs[1:]],
+                                      outputs=[then_out], attrs=dict(p.attrs))]
+            elif isinstance(src, gs.Constant):   # INT8 weight: both values are constants
                 scale = p.inputs[1].values
                 axis = p.attrs.get("axis")
-                shape = [-1 if (axis is not None and d == axis % src.values.ndim) else 1
-                         for d in range(src.values.ndim)] if np.ndim(scale) else []
-                float_t = gs.Constant(f"{src.name}_float", (src.values.astype(np.float32) *
-                                                            (scale.reshape(shape) if shape else scale)).astype(np.float32))
+                shape = [-1 if (axis is not None and dim == axis % src.values.ndim) else 1
+                         for dim in range(src.values.ndim)] if np.ndim(scale) else []
+                deq = (src.values.astype(np.float32) * (scale.reshape(shape) if shape else scale)).astype(np.float32)
+                float_t = gs.Constant(f"{src.name}_float", deq)
+                then_nodes = [gs.Node("DequantizeLinear", name=f"{sel.name}_dqn", inputs=list(p.inputs),
+                                      outputs=[then_out], attrs=dict(p.attrs))]
             else:
                 continue
-            sel = gs.Variable(f"{t.name}_sel_{k}_{i}", dtype=t.dtype, shape=t.shape)
-            g.nodes.append(gs.Node("Where", name=f"qdqgraph_switch_{k}_{i}", inputs=[flag, t, float_t], outputs=[sel]))
+            g.nodes.append(_if(flag, f"qdqgraph_switch_{k}_{i}", then_nodes, then_out, float_t, sel))
             node.inputs[i] = sel
             used = True
         if used:
             g.inputs.append(flag)
             flags[name] = flag.name
-    g.toposort()
+    g.cleanup().toposort()
     return g, flags
 
 
