@@ -78,7 +78,8 @@ class InsertReport:
         if self.precision:
             p = self.precision
             lines.append(f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
-                         f"casts, {len(p['kept_fp32'])} nodes kept fp32)")
+                         f"casts, {len(p['kept_fp32'])} nodes kept fp32); in onnxruntime, run it with "
+                         f"disabled_optimizers=['WeightBiasQuantization'] (README, Deployment)")
         if self.tensorrt:
             t = self.tensorrt
             lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} INT8, {t['float_layers']} "
