@@ -17,15 +17,17 @@ from qdqgraph.passes.strip import strip_qdq
 from qdqgraph.pipeline import clean
 from qdqgraph.render import render
 
-FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def fuzz(examples: int):
+    """Deterministic, bounded hypothesis settings for CI (benchmarks/fuzz.py runs longer)."""
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def _feed(data):
     return {k: v[0] for k, v in data.items()}
 
 
-@FUZZ
+@fuzz(100)
 @given(fuzzgraphs.models())
 def test_insert_and_report_on_random_graphs(case):
     model, steps, seed = case
@@ -44,8 +46,7 @@ def test_insert_and_report_on_random_graphs(case):
     trtsim.lint(io.load(out).graph)
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@fuzz(25)
 @given(fuzzgraphs.models())
 def test_cli_insert_report_exit_codes_and_nothing_lost(tmp_path_factory, case):
     model, steps, seed = case
@@ -63,8 +64,7 @@ def test_cli_insert_report_exit_codes_and_nothing_lost(tmp_path_factory, case):
         assert main(["report", str(out), "--quiet"]) == 0
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@fuzz(40)
 @given(fuzzgraphs.models())
 def test_strip_of_insert_equals_clean_on_random_graphs(case):
     model, steps, seed = case
@@ -82,8 +82,7 @@ def test_strip_of_insert_equals_clean_on_random_graphs(case):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@fuzz(20)
 @given(fuzzgraphs.models())
 def test_insert_is_deterministic_on_random_graphs(case):
     model, _, _ = case
