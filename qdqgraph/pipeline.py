@@ -160,7 +160,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
              providers: list[str] | None = None, percentile: float = 99.99, calib_cache=None,
              accuracy_budget: float | None = None, max_float_layers: int | None = None,
              sensitivity_samples: int = 8, preprocess: str | None = None, high_precision: str = "fp16",
-             progress=None) -> Result:
+             bias_correction: bool = False, progress=None) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
 
     `calib` is a .npz/.npy path, a folder of them, a dict {input name: array (samples first)}, or
@@ -192,8 +192,15 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     else:
         amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress,
                          preprocess=preprocess)
-    result = _finish(loaded, plan, amax, weights, report)
     real_data = calib is not None and not (isinstance(calib, str) and calib == "random")
+    if bias_correction and not real_data:
+        raise QdqError("bias correction needs calibration data", "pass --calib DATA.npz")
+    means = None
+    if bias_correction:
+        from .passes.bias_correction import correct_biases, input_means
+        means = input_means(loaded, plan, calibration_data(loaded, calib, samples, preprocess=preprocess))
+        report.bias_corrected = len(correct_biases(loaded.graph, plan, means))
+    result = _finish(loaded, plan, amax, weights, report)
 
     def finish(res: Result) -> Result:
         data = calibration_data(loaded, calib, samples, preprocess=preprocess) if real_data else None
@@ -219,6 +226,9 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     report2 = InsertReport(input=report.input, method=method)
     loaded2, plan2 = prepare(model, report=report2, float_nodes=float_nodes, **selection)
     amax2 = _amax_from_cache(plan2, per_tensor)
+    if means is not None:
+        from .passes.bias_correction import correct_biases
+        report2.bias_corrected = len(correct_biases(loaded2.graph, plan2, means))
     for k in ("samples", "calibration_seconds", "warnings"):
         setattr(report2, k, getattr(report, k))
     report2.fallback = report.fallback

@@ -28,6 +28,7 @@ class InsertReport:
     fallback: dict | None = None
     tensorrt: dict | None = None      # the simulator's summary of the written model
     precision: dict | None = None     # the float islands' type and what stayed float32
+    bias_corrected: int = 0           # weighted ops whose bias absorbed the weight-quantization shift
 
     def fill_from_plan(self, plan: Plan, amax: dict[str, float] | None = None) -> None:
         counts: dict[str, Counter] = defaultdict(Counter)
@@ -63,6 +64,8 @@ class InsertReport:
         if self.samples:
             lines.append(f"calibrated: {self.method} over {self.samples} samples in {self.calibration_seconds:.1f} s")
         lines.append(f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ")
+        if self.bias_corrected:
+            lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
         width = max([len(op) for op in self.ops] + [7])
         lines.append(f"  {'op':<{width}}  quantized  skipped")
         for op, c in self.ops.items():

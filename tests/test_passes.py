@@ -157,3 +157,37 @@ def test_opset_raised_to_13():
     assert result.report.opset_raised_from == 11
     fp16 = qdqgraph.quantize(m, motifs.sample_data(m))            # FP16 Q/DQ scales need opset 19
     assert [o.version for o in fp16.model.opset_import if o.domain in ("", "ai.onnx")] == [19]
+
+
+def test_bias_correction_removes_the_mean_shift_of_int8_weights():
+    """Conv weights with one large outlier per output channel quantize coarsely; with
+    --bias-correction the per-channel mean error of the conv output (float input, INT8 weights)
+    shrinks, and without calibration data it is refused."""
+    from onnx import numpy_helper
+
+    from qdqgraph.errors import QdqError
+    m = motifs.conv_relu()
+    w = [t for t in m.graph.initializer if t.name == "conv.w"][0]
+    arr = numpy_helper.to_array(w).copy()
+    arr[:, 0, 0, 0] = 8.0
+    arr += 0.05                                   # a mean the rounding error does not average away
+    w.CopyFrom(numpy_helper.from_array(arr, "conv.w"))
+    rng = np.random.default_rng(3)
+    data = {"x": (rng.standard_normal((16, 1, 16, 8, 8)) + 1.0).astype(np.float32)}
+    def mean_shift(model):
+        g = io.load(model).graph
+        conv = [n for n in g.nodes if n.name == "conv"][0]
+        g.outputs = [conv.outputs[0]]
+        out = run(io.to_model(io.Loaded(graph=g, ir_version=8)), {"x": data["x"][0]})[0]
+        g0 = io.load(m).graph
+        c0 = [n for n in g0.nodes if n.name == "conv"][0]
+        g0.outputs = [c0.outputs[0]]
+        f = run(io.to_model(io.Loaded(graph=g0, ir_version=8)), {"x": data["x"][0]})[0]
+        return float(np.abs((out - f).mean(axis=(0, 2, 3))).mean())
+
+    plain = qdqgraph.quantize(m, data, high_precision="fp32")
+    corrected = qdqgraph.quantize(m, data, high_precision="fp32", bias_correction=True)
+    assert corrected.report.bias_corrected == 1
+    assert mean_shift(corrected.model) < 0.5 * mean_shift(plain.model)
+    with pytest.raises(QdqError, match="bias correction needs calibration data"):
+        qdqgraph.quantize(m, "random", bias_correction=True)
