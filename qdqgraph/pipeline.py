@@ -184,6 +184,8 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     if fallback and (calib is None or (isinstance(calib, str) and calib == "random")):
         raise QdqError("an accuracy budget needs real calibration data to measure against",
                        "pass --calib DATA.npz")
+    if bias_correction and (calib is None or (isinstance(calib, str) and calib == "random")):
+        raise QdqError("bias correction needs calibration data", "pass --calib DATA.npz")
     selection = dict(rules=rules, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes, include_nodes=include_nodes)
     report = InsertReport(input=str(model) if isinstance(model, (str, os.PathLike)) else None, method=method)
     loaded, plan = prepare(model, report=report, **selection)
@@ -193,8 +195,6 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
         amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress,
                          preprocess=preprocess)
     real_data = calib is not None and not (isinstance(calib, str) and calib == "random")
-    if bias_correction and not real_data:
-        raise QdqError("bias correction needs calibration data", "pass --calib DATA.npz")
     means = None
     if bias_correction:
         from .passes.bias_correction import correct_biases, input_means
