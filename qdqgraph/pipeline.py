@@ -17,6 +17,7 @@ from .passes.batchnorm import fold_batchnorm
 from .passes.check import qdq_violations
 from .passes.constants import fold_constants
 from .passes.insert import WEIGHT_FORMATS, insert_qdq
+from .passes.no_ops import remove_no_ops
 from .passes.precision import HIGH_PRECISIONS, lower_float_islands, measure_ranges
 from .passes.precision import MIN_OPSET as PRECISION_OPSET
 from .placement import Plan, Selection, plan_placement
@@ -56,10 +57,13 @@ def refuse_quantized(loaded: io.Loaded) -> None:
 
 
 def clean(loaded: io.Loaded, report: InsertReport | None = None) -> io.Loaded:
-    """Fold constants and BatchNormalization in place; record what changed in `report`."""
+    """Remove inference no-ops, fold constants and BatchNormalization in place; record what changed
+    in `report`."""
+    no_ops = remove_no_ops(loaded.graph)
     folded = fold_constants(loaded.graph)
     bn = fold_batchnorm(loaded.graph)
     if report is not None:
+        report.no_ops_removed = len(no_ops.removed)
         report.constants_folded = folded.folded
         report.batchnorm_folded = len(bn.folded)
         report.batchnorm_kept = [{"node": n, "reason": r} for n, r in bn.kept]

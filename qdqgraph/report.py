@@ -16,6 +16,7 @@ class InsertReport:
     samples: int = 0
     calibration_seconds: float = 0.0
     opset_raised_from: int | None = None
+    no_ops_removed: int = 0
     constants_folded: int = 0
     batchnorm_folded: int = 0
     batchnorm_kept: list[dict] = field(default_factory=list)
@@ -57,7 +58,7 @@ class InsertReport:
         lines = []
         if self.opset_raised_from:
             lines.append(f"opset raised from {self.opset_raised_from} to 13 (per-channel Q/DQ needs it)")
-        lines.append(f"cleaned: {self.constants_folded} constant nodes folded, "
+        lines.append(f"cleaned: {self.no_ops_removed} no-op nodes removed, {self.constants_folded} constant nodes folded, "
                      f"{self.batchnorm_folded} BatchNormalization folded, {len(self.batchnorm_kept)} kept")
         for bn in self.batchnorm_kept[:max_examples]:
             lines.append(f"  kept {bn['node']}: {bn['reason']}")

@@ -10,6 +10,7 @@ from qdqgraph import io
 from qdqgraph.passes.batchnorm import fold_batchnorm
 from qdqgraph.passes.check import qdq_violations
 from qdqgraph.passes.constants import fold_constants
+from qdqgraph.passes.no_ops import remove_no_ops
 from qdqgraph.passes.strip import strip_qdq
 from qdqgraph.pipeline import clean
 from qdqgraph.render import render
@@ -39,6 +40,51 @@ def test_fold_batchnorm_keeps_outputs():
         assert "BatchNormalization" not in render(loaded.graph)
         out = io.to_model(loaded)
         np.testing.assert_allclose(run(out, first_sample(data))[0], run(m, first_sample(data))[0], rtol=1e-4, atol=1e-5)
+
+
+def no_op_model(training=False, mask_out=False):
+    """conv -> Identity -> relu -> Dropout -> conv -> Identity (graph output y, and a second output z)."""
+    g = motifs.G("no_ops")
+    y = g.conv(g.input("x", [1, 4, 8, 8]), 4, 4, "c1")
+    y = g.node("Relu", [g.node("Identity", [y], name="id1")], name="act")
+    outs = ["drop_out", "mask"] if mask_out else None
+    y = g.node("Dropout", [y, g.const("ratio", np.array(0.5, np.float32)), g.const("train", np.array(training))],
+               outs, name="drop")
+    if mask_out:
+        y = y[0]
+        g.node("Cast", ["mask"], ["z"], to=onnx.TensorProto.FLOAT, name="cast")
+        g.output("z")
+    g.node("Identity", [g.conv(y, 4, 4, "c2")], ["y"], name="id_out")
+    g.output("y")
+    return g.model(13)
+
+
+def test_remove_no_ops_keeps_outputs_and_graph_output_names():
+    m = no_op_model()
+    loaded = io.load(m)
+    res = remove_no_ops(loaded.graph)
+    assert res.removed == ["id1", "drop"]                       # id_out makes graph output y: kept
+    ops = [n.op for n in loaded.graph.nodes]
+    assert ops.count("Identity") == 1 and "Dropout" not in ops
+    assert [t.name for t in loaded.graph.outputs] == ["y"]
+    x = {"x": np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run(io.to_model(loaded), x)[0], run(m, x)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [{"training": True}, {"mask_out": True}])
+def test_remove_no_ops_keeps_a_dropout_that_is_not_one(kw):
+    loaded = io.load(no_op_model(**kw))
+    assert remove_no_ops(loaded.graph).removed == ["id1"]
+    assert "Dropout" in [n.op for n in loaded.graph.nodes]
+
+
+def test_clean_removes_the_identity_that_split_conv_from_relu():
+    from qdqgraph.report import InsertReport
+    report = InsertReport()
+    loaded = clean(io.load(no_op_model()), report)
+    assert report.no_ops_removed == 2
+    conv = next(n for n in loaded.graph.nodes if n.name == "c1")
+    assert [c.op for c in conv.outputs[0].outputs] == ["Relu"]
 
 
 @pytest.mark.parametrize("op", ["ConvTranspose", "Gemm"])

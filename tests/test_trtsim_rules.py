@@ -287,8 +287,18 @@ def quantized_op(op="AveragePool", out="q", second="dq", **attrs):
     return g.head(y, cin=1 if attrs.get("axes") == [1] else 8)
 
 
+def conv_no_op(op="Identity", training=False):
+    """x -> Q/DQ -> c1 -> Identity (or Dropout) -> Relu -> Q/DQ(h) -> head, as exporters write it"""
+    g = QG("conv_no_op")
+    y = g.qconv(g.qdq(g.input("x", ["n", 8, 4, 4]), "x"), "c1")
+    extra = [g.const("ratio", np.array(0.5, np.float32)), g.const("train", np.array(training))] if op == "Dropout" else []
+    y = g.node(op, [y] + extra, name="noop")
+    return g.head(g.node("Relu", [y], name="act"))
+
+
 # rule id -> (positive: graph factory, node), (negative: graph factory, node, words the reason contains)
 CASES = {
+    "S0-no-op": ((conv_no_op, "noop"), (lambda: conv_no_op("Dropout", training=True), "noop", "training mode")),
     "S1-fold-weight-qdq": ((conv_chain, "c1.w_q"), (lambda: conv_chain("int8"), "c1.w_dq", "not come from a Q")),
     "S1-fold-weight-int8": ((lambda: conv_chain("int8"), "c1.w_dq"), (conv_chain, "c1.w_dq", "is not a constant")),
     "R5c-merge-q": ((two_qs, "b_q"), (lambda: two_qs((S1, S2)), "b_q", "same parameters")),
@@ -355,6 +365,21 @@ def test_decomposed_hardswish_fuses_into_the_conv_with_an_int8_output():
     layer = report.layer_of("hs_div")
     assert layer is report.layer_of("c1") and layer.outputs[0].precision == "int8"
     assert report.summary["reformats_inside"] == 0
+
+
+@pytest.mark.parametrize("op", ["Identity", "Dropout"])
+def test_a_no_op_between_conv_and_relu_does_not_stop_the_fusion(op):
+    layers = {x.name: x for x in sim(conv_no_op(op)).layers}
+    conv = next(x for x in layers.values() if "c1" in x.nodes)
+    assert "act" in conv.nodes and "noop" not in conv.nodes, conv.nodes
+    assert conv.outputs[0].precision == "int8"
+    assert not any("noop" in x.nodes for x in layers.values())
+
+
+def test_a_dropout_in_training_mode_stays_a_layer_and_splits_conv_from_relu():
+    layers = sim(conv_no_op("Dropout", training=True)).layers
+    conv = next(x for x in layers if "c1" in x.nodes)
+    assert "act" not in conv.nodes
 
 
 def test_a_float_layer_takes_no_output_scale():

@@ -438,6 +438,21 @@ def c_requant(ctx, node, arg):
     return True, ""
 
 
+def c_inference_no_op(ctx, node, arg):
+    """Identity, or a Dropout whose mask is unused and whose training_mode is absent or false."""
+    from ..passes.no_ops import inference_no_op
+    g = ctx.g
+    mask_used = len(node.outputs) > 1 and bool(node.outputs[1]) and (
+        bool(g.consumers(node.outputs[1])) or g.is_graph_output(node.outputs[1]))
+    training = None
+    if len(node.inputs) > 2 and node.inputs[2]:
+        v = g.const(node.inputs[2])
+        training = ... if v is None else v
+    if not inference_no_op(node.op, node.attrs, training, mask_used):
+        return False, "a Dropout in training mode, or with its mask used"
+    return True, ""
+
+
 def c_op_node(ctx, node, arg):
     if node.role != OP:
         return False, "a Q/DQ node"
@@ -459,7 +474,7 @@ CONDITIONS = {
     "no_residual_yet": c_no_residual_yet, "after_activation": c_after_activation, "int8_op": c_int8_op,
     "output_int8": c_output_int8, "layer_int8": c_layer_int8, "residual_int8": c_residual_int8, "sole_q_output": c_sole_q_output,
     "spatial_reduce": c_spatial_reduce, "feeds_fc": c_feeds_fc, "swish_pair": c_swish_pair,
-    "requant": c_requant, "op_node": c_op_node,
+    "requant": c_requant, "op_node": c_op_node, "inference_no_op": c_inference_no_op,
 }
 
 

@@ -47,6 +47,26 @@ def _fold_constant_ops(g: SimGraph) -> list[str]:
     return folded
 
 
+def eliminate_no_ops(g: SimGraph, rules: SimRuleSet, trace: Trace) -> list[tuple[list[str], str]]:
+    """Step 0: ops that compute nothing at inference go; their consumers read their input.
+    Returns the eliminated node groups with the rule that removed them."""
+    eliminated = []
+    ctx = Ctx(g)
+    for node in [n for n in g.order() if n.role == OP and n.inputs and n.inputs[0]]:
+        for rule in rules.for_action("eliminate"):
+            ok, why = evaluate(ctx, rule, node)
+            if not ok:
+                if op_matches(g, rule, node):
+                    trace.miss(node.origin, rule.id, why)
+                continue
+            g.replace_uses(node.outputs[0], node.inputs[0])
+            g.remove(node)
+            eliminated.append((list(node.origin), rule.id))
+            trace.fired(rule.id, node.origin, f"{node.name} ({node.op}) removed")
+            break
+    return eliminated
+
+
 def fold_weights(g: SimGraph, rules: SimRuleSet, trace: Trace) -> list[str]:
     """Step 1: weight Q/DQ become INT8 weights; then ops on constants fold. Returns the folded ops."""
     for dq in [n for n in g.order() if n.role == DQ]:

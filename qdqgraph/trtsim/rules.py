@@ -18,6 +18,7 @@ from ..rules_files import read_toml, rules_dir
 
 # action -> what the code does with a rule of that action (the closed registry of mechanisms)
 ACTIONS = {
+    "eliminate": "an op that computes nothing at inference is removed, its consumers read its input",
     "fold_weight": "a constant -> [Q ->] DQ becomes an INT8 weight",
     "merge": "Qs (or DQs) with identical parameters on one tensor become one",
     "q_backward": "Q(Op(x)) -> Op(Q(x)): the op runs on INT8",

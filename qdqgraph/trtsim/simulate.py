@@ -8,7 +8,7 @@ from .conditions import LayerBuild
 from .flops import node_flops
 from .fuse import Fuser
 from .ir import SimGraph
-from .propagate import fold_weights, pair_up, propagate
+from .propagate import eliminate_no_ops, fold_weights, pair_up, propagate
 from .report import Layer, Port, SimReport
 from .rules import SimRuleSet, load_sim_rules
 from .trace import Trace
@@ -31,9 +31,10 @@ def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None) -
     g = SimGraph.from_gs(graph)
     unused = g.prune()
     trace = Trace()
+    no_ops = eliminate_no_ops(g, rules, trace)
     folded = fold_weights(g, rules, trace)
     steps = propagate(g, rules, trace, bound)
-    eliminated = pair_up(g, rules, trace)
+    eliminated = no_ops + pair_up(g, rules, trace)
     position = {n.name: i for i, n in enumerate(g.order())}
     fuser = Fuser(g, rules, trace)
     builds = sorted(fuser.run(), key=lambda b: position[b.anchor.name])

@@ -1,0 +1,67 @@
+"""Remove ops that compute nothing at inference: Identity, and Dropout outside training mode.
+
+Exporters leave them behind (Paddle's exporter writes an Identity after many biased convolutions).
+TensorRT drops them when it builds the engine, but placement sees the graph as exported: an
+Identity between a Conv and its activation would hide the Conv -> Relu pair that the placement
+rules look for, and a Q/DQ placed on either side of it would stop the fusion. Removing them first
+lets placement see the graph that TensorRT will fuse.
+
+Kept: a no-op whose output is a graph output (its name is part of the model's interface), or is
+read inside a subgraph (the reference is by name), and a Dropout whose mask is used or whose
+training_mode is not a constant false.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_graphsurgeon as gs
+
+from ..view import GraphView
+
+
+@dataclass
+class NoOpResult:
+    removed: list[str] = field(default_factory=list)
+
+
+def inference_no_op(op: str, attrs: dict, training_mode, mask_used: bool) -> bool:
+    """Is a node of the `no_op` op class an identity at inference? `training_mode` is the value of
+    Dropout's third input (None when absent, ... when not a constant)."""
+    if op != "Dropout":
+        return True
+    if mask_used:
+        return False
+    return training_mode is None or (training_mode is not ... and not bool(training_mode))
+
+
+def _removable(view: GraphView, n: gs.Node) -> bool:
+    if not view.vocab.is_(n, "no_op") or not n.inputs or not n.outputs:
+        return False
+    out = n.outputs[0]
+    if view.is_graph_output(out) or view.used_in_subgraph(out):
+        return False
+    mask_used = len(n.outputs) > 1 and bool(n.outputs[1].name) and (
+        bool(view.consumers(n.outputs[1])) or view.is_graph_output(n.outputs[1]))
+    training = None
+    if len(n.inputs) > 2 and n.inputs[2].name:
+        v = view.constant_value(n.inputs[2])
+        training = ... if v is None else v
+    return inference_no_op(n.op, n.attrs, training, mask_used)
+
+
+def remove_no_ops(graph: gs.Graph) -> NoOpResult:
+    """Rewire every consumer of a removable no-op to the no-op's input. Modifies `graph`."""
+    result = NoOpResult()
+    view = GraphView(graph)
+    for n in list(view.nodes):
+        if not _removable(view, n):
+            continue
+        src, out = n.inputs[0], n.outputs[0]
+        for consumer, i in view.consumers(out):
+            consumer.inputs[i] = src
+        n.inputs.clear()
+        n.outputs.clear()
+        result.removed.append(n.name or n.op)
+    if result.removed:
+        graph.cleanup(remove_unused_graph_inputs=False)
+    return result
