@@ -31,6 +31,9 @@ def _add_insert(sub):
                    help="int8: INT8 initializer + DequantizeLinear (default); qdq: float weight + Q->DQ")
     p.add_argument("--bias-correction", action="store_true",
                    help="fold the mean output shift of INT8 weights into the biases (measured on --calib)")
+    p.add_argument("--smooth-quant", type=float, nargs="?", const=0.5, metavar="ALPHA",
+                   help="migrate activation outliers of quantized MatMul/Gemm inputs into their weights "
+                        "(SmoothQuant; alpha default 0.5, measured on --calib)")
     p.add_argument("--high-precision", default="fp16", choices=["fp16", "bf16", "fp32"],
                    help="type of the parts that stay float (default fp16: TensorRT runs a strongly typed "
                         "network in the types the ONNX gives; fp32 keeps them float32)")
@@ -241,7 +244,7 @@ def _run_insert(args) -> int:
                       calib_cache=args.calib_cache, accuracy_budget=args.accuracy_budget,
                       max_float_layers=args.max_float_layers, sensitivity_samples=args.sensitivity_samples,
                       preprocess=args.preprocess, high_precision=args.high_precision,
-                      bias_correction=args.bias_correction, progress=progress)
+                      bias_correction=args.bias_correction, smooth_quant=args.smooth_quant, progress=progress)
     if progress is not None:
         progress.close()
     written = io.save(result.model, out, protect=(Path(args.model),))

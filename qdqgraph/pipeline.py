@@ -132,10 +132,8 @@ def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=
     loaded = io.load(model)
     refuse_quantized(loaded)
     clean(loaded, report)
-    ruleset = load_ruleset(rules)
-    plan = plan_placement(loaded.graph, ruleset,
-                          Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes),
-                                    tuple(float_nodes)))
+    plan = replan(loaded, rules=rules, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
+                  include_nodes=include_nodes, float_nodes=float_nodes)
     _refuse_unsupported_dtypes(loaded, plan)
     if report is not None:
         custom = sorted({(n.domain, n.op, n.name) for n in loaded.graph.nodes
@@ -144,6 +142,14 @@ def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=
             report.warnings.append(f"custom op {domain}::{op} ({name}) is passed through unquantized; "
                                    f"its neighbours are quantized by their own rules")
     return loaded, plan
+
+
+def replan(loaded: io.Loaded, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(),
+           float_nodes=()) -> Plan:
+    """The placement plan of the (cleaned) graph as it is now."""
+    return plan_placement(loaded.graph, load_ruleset(rules),
+                          Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes),
+                                    tuple(float_nodes)))
 
 
 def model_id(model) -> str:
@@ -164,7 +170,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
              providers: list[str] | None = None, percentile: float = 99.99, calib_cache=None,
              accuracy_budget: float | None = None, max_float_layers: int | None = None,
              sensitivity_samples: int = 8, preprocess: str | None = None, high_precision: str = "fp16",
-             bias_correction: bool = False, progress=None) -> Result:
+             bias_correction: bool = False, smooth_quant: float | None = None, progress=None) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
 
     `calib` is a .npz/.npy path, a folder of them, a dict {input name: array (samples first)}, or
@@ -174,6 +180,8 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     quantized nodes are returned to float (see qdqgraph.sensitivity). `high_precision` is the type
     of the float islands in the written model ("fp16" by default, "bf16", or "fp32"; see
     qdqgraph.passes.precision); sensitivity and fallback work on the float32 Q/DQ model.
+    `smooth_quant` (alpha in [0, 1]) migrates activation outliers of quantized MatMul/Gemm inputs
+    into their weights first (qdqgraph.passes.smooth).
     """
     if method not in METHODS:
         raise QdqError(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
@@ -190,9 +198,19 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
                        "pass --calib DATA.npz")
     if bias_correction and (calib is None or (isinstance(calib, str) and calib == "random")):
         raise QdqError("bias correction needs calibration data", "pass --calib DATA.npz")
+    if smooth_quant is not None and (calib is None or (isinstance(calib, str) and calib == "random")):
+        raise QdqError("--smooth-quant needs calibration data to measure channel ranges", "pass --calib DATA.npz")
+    if smooth_quant is not None and not 0.0 <= smooth_quant <= 1.0:
+        raise QdqError(f"--smooth-quant alpha must be in [0, 1], got {smooth_quant}", "use 0.5 (the default)")
     selection = dict(rules=rules, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes, include_nodes=include_nodes)
     report = InsertReport(input=str(model) if isinstance(model, (str, os.PathLike)) else None, method=method)
     loaded, plan = prepare(model, report=report, **selection)
+    if smooth_quant is not None:
+        from .passes.smooth import channel_ranges, smooth, targets
+        tensors = sorted(targets(loaded.graph, plan))
+        ranges = channel_ranges(loaded, tensors, calibration_data(loaded, calib, samples, preprocess=preprocess))
+        report.smoothed = smooth(loaded.graph, plan, ranges, smooth_quant).smoothed
+        plan = replan(loaded, **selection)
     if calib_cache is not None:
         amax = _amax_from_cache(plan, calib_cache)
     else:

@@ -17,6 +17,7 @@ class InsertReport:
     calibration_seconds: float = 0.0
     opset_raised_from: int | None = None
     no_ops_removed: int = 0
+    smoothed: dict[str, list[str]] = field(default_factory=dict)
     constants_folded: int = 0
     batchnorm_folded: int = 0
     batchnorm_kept: list[dict] = field(default_factory=list)
@@ -65,6 +66,9 @@ class InsertReport:
         if self.samples:
             lines.append(f"calibrated: {self.method} over {self.samples} samples in {self.calibration_seconds:.1f} s")
         lines.append(f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ")
+        if self.smoothed:
+            nodes = sum(len(v) for v in self.smoothed.values())
+            lines.append(f"smoothing: {len(self.smoothed)} activations migrate their outliers into {nodes} weights")
         if self.bias_corrected:
             lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
         width = max([len(op) for op in self.ops] + [7])

@@ -1,0 +1,122 @@
+"""SmoothQuant-style scale migration (insert --smooth-quant): move activation outliers into weights.
+
+Transformer activations often carry a few channels hundreds of times larger than the rest (LayerNorm
+outputs in BERT-like encoders). A per-tensor INT8 scale sized for those channels leaves the others a
+handful of levels. For a MatMul or Gemm y = x W with a constant weight, dividing input channel k of x
+by s_k and multiplying row k of W by s_k leaves y unchanged in real arithmetic; choosing
+s_k = max|x_k|^alpha / max|W_k|^(1 - alpha) (Xiao et al., 2023, SmoothQuant) evens out the
+activation channels at the cost of the weight's, which are quantized per output channel and absorb
+it better.
+
+TensorRT quantizes activations per tensor only, so the division is an explicit Mul by a constant
+vector inserted in front of the smoothed ops (the ops that read one tensor share one s). Only the
+inputs that the placement plan quantizes, of MatMul (weight [K, N]) and Gemm (transA=0) with a
+constant 2-D weight, are smoothed. max|x_k| is measured on the float model over calibration samples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from .. import io
+from ..data import CalibrationData
+from ..placement import Plan
+from ..runtime import session
+from ..view import GraphView
+
+DEFAULT_ALPHA = 0.5
+MAX_SCALE = 1e4            # s is clipped to [1/MAX_SCALE, MAX_SCALE]
+
+
+@dataclass
+class SmoothResult:
+    smoothed: dict[str, list[str]] = field(default_factory=dict)   # activation tensor -> smoothed nodes
+    max_ratio: dict[str, float] = field(default_factory=dict)      # tensor -> max/median channel range
+
+
+def _k_axis(view: GraphView, node: gs.Node) -> int | None:
+    """Axis of the weight that runs over input channels, or None when the node is not a target."""
+    w = view.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if w is None or w.ndim != 2 or not np.issubdtype(w.dtype, np.floating):
+        return None
+    if view.vocab.is_(node, "matmul"):
+        return 0
+    if view.vocab.is_(node, "gemm") and not node.attrs.get("transA", 0):
+        return 1 if node.attrs.get("transB", 0) else 0
+    return None
+
+
+def targets(graph: gs.Graph, plan: Plan) -> dict[str, list[gs.Node]]:
+    """Activation tensor -> the MatMul/Gemm nodes that read it as input 0, where the plan quantizes
+    both that input and the node's weight."""
+    view = GraphView(graph)
+    nodes = {n.name: n for n in graph.nodes}
+    weighted = {name for s in plan.weight_sites() for name, i in s.edges if i == 1}
+    out: dict[str, list[gs.Node]] = {}
+    for site in plan.activation_sites():
+        for name, index in site.edges:
+            node = nodes.get(name)
+            if node is None or index != 0 or name not in weighted or _k_axis(view, node) is None:
+                continue
+            if node.inputs[0].name != site.tensor:
+                continue
+            out.setdefault(site.tensor, []).append(node)
+    return out
+
+
+def channel_ranges(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
+                   samples: int = 32) -> dict[str, np.ndarray]:
+    """max |x| per last-axis channel of each tensor over the first `samples` samples (float model)."""
+    if not tensors:
+        return {}
+    model = io.with_outputs(io.to_model(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version)), tensors)
+    sess = session(model, purpose="smoothing")
+    out: dict[str, np.ndarray] = {}
+    seen = 0
+    for feed in data.batches(1):
+        if seen >= samples:
+            break
+        for name, v in zip(tensors, sess.run(tensors, feed)):
+            v = np.abs(np.asarray(v, dtype=np.float32))
+            m = v.reshape(-1, v.shape[-1]).max(axis=0) if v.ndim >= 2 else v
+            out[name] = m if name not in out else np.maximum(out[name], m)
+        seen += 1
+    return out
+
+
+def smooth(graph: gs.Graph, plan: Plan, ranges: dict[str, np.ndarray], alpha: float = DEFAULT_ALPHA) -> SmoothResult:
+    """Insert Mul(x, 1/s) in front of each target group and scale the weights' rows by s. In place."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    view = GraphView(graph)
+    tensors = graph.tensors()
+    result = SmoothResult()
+    for name, nodes in sorted(targets(graph, plan).items()):
+        ax = ranges.get(name)
+        if ax is None:
+            continue
+        weights = [(n, _k_axis(view, n), view.constant_value(n.inputs[1])) for n in nodes]
+        if any(w.shape[k] != ax.size for _, k, w in weights):
+            continue
+        aw = np.max([np.abs(w).max(axis=1 - k) for _, k, w in weights], axis=0)
+        ok = (ax > 0) & (aw > 0)
+        s = np.ones_like(ax, dtype=np.float64)
+        s[ok] = ax[ok].astype(np.float64) ** alpha / aw[ok].astype(np.float64) ** (1.0 - alpha)
+        s = np.clip(s, 1.0 / MAX_SCALE, MAX_SCALE)
+        x = tensors[name]
+        inv = gs.Constant(f"{name}_smooth_scale", (1.0 / s).astype(np.float32))
+        xs = gs.Variable(f"{name}_smoothed", dtype=x.dtype, shape=x.shape)
+        graph.nodes.append(gs.Node("Mul", f"{name}_smooth", inputs=[x, inv], outputs=[xs]))
+        for n, k, w in weights:
+            shaped = s.reshape(-1, 1) if k == 0 else s.reshape(1, -1)
+            n.inputs[1] = gs.Constant(f"{n.name or n.outputs[0].name}_weight_smoothed",
+                                      (w.astype(np.float64) * shaped).astype(w.dtype))
+            n.inputs[0] = xs
+        result.smoothed[name] = [n.name for n in nodes]
+        med = float(np.median(ax[ax > 0])) if ok.any() else 0.0
+        result.max_ratio[name] = float(ax.max() / med) if med > 0 else 0.0
+    if result.smoothed:
+        graph.toposort()
+    return result
