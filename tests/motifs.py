@@ -125,6 +125,20 @@ def se_block():
     return g.model()
 
 
+def tiny_se_block():
+    """An SE block of a slim network (8 channels, squeezed to 2), as in PP-OCR's mobile classifier."""
+    g = G("tiny_se_block")
+    inp = g.input("x", ["n", 16, 8, 8])
+    x = g.node("Relu", [g.conv(inp, 16, 8, "conv")], name="relu")
+    p = g.node("GlobalAveragePool", [x], name="gap")
+    s = g.node("Relu", [g.conv(p, 8, 2, "se_reduce", k=1)], name="se_relu")
+    gate = g.node("HardSigmoid", [g.conv(s, 2, 8, "se_expand", k=1)], name="se_gate")
+    m = g.node("Mul", [x, gate], name="se_mul")
+    g.node("Conv", [m, g.weight("head.w", (16, 8, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
 def silu_conv():
     """conv -> x * sigmoid(x) -> conv: the Mul must stay unquantized (fuses into the epilogue)."""
     g = G("silu_conv")
@@ -344,7 +358,7 @@ def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
 ALL = {"conv_relu": conv_relu, "conv_bn_relu": conv_bn_relu, "residual_add": residual_add,
        "concat_of_pools": concat_of_pools, "se_block": se_block, "silu_conv": silu_conv,
        "attention": attention, "gemm_transB": gemm_transB, "convtranspose": convtranspose,
-       "integer_path": integer_path, "tiny_conv": tiny_conv, "paddle_constants": paddle_constants,
+       "integer_path": integer_path, "tiny_conv": tiny_conv, "tiny_se_block": tiny_se_block, "paddle_constants": paddle_constants,
        "layernorm_mlp": layernorm_mlp, "layernorm_decomposed": layernorm_decomposed, "gemv": gemv,
        "pool_output": pool_output, "batched_weight": batched_weight, "bmm": bmm, "pool_float": pool_float,
        "concat_float": concat_float, "residual_projection": lambda: residual_add(projection=True),

@@ -6,6 +6,7 @@ import pytest
 
 import motifs
 import qdqgraph
+from qdqgraph import trtsim
 from qdqgraph import io
 from qdqgraph.pipeline import clean
 from qdqgraph.placement import explain, plan_placement
@@ -79,6 +80,18 @@ def test_golden(name, golden):
     m = motifs.ALL[name]()
     result = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")
     golden(name, render(io.load(result.model).graph))
+
+
+def test_a_slim_se_block_stays_int8_and_leaves_no_reformat():
+    """The squeeze/excite convs of an 8 -> 2 -> 8 SE block read a pooled 1x1 map: P10-tiny-conv
+    leaves them INT8, so the block adds no DQ/Q reformat on the full feature map around it."""
+    graph = cleaned_graph(motifs.tiny_se_block())
+    for node in ("se_reduce", "se_expand"):
+        ok, why = explain(graph, node, "P10-tiny-conv")
+        assert not ok and "pooled 1x1 map" in why, why
+    m = motifs.tiny_se_block()
+    summary = trtsim.simulate(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model).summary
+    assert summary["float_layers"] == 0 and summary["reformats_inside"] == 0, summary
 
 
 def test_residual_quantizes_skip_only():
