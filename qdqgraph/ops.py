@@ -16,6 +16,16 @@ QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
 
 
+def attr_str(attrs: dict, name: str, default: str) -> str:
+    v = attrs.get(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def nearest_resize(attrs: dict) -> bool:
+    """Does a node of class `resize` copy input values (mode nearest, the ONNX default)?"""
+    return attr_str(attrs, "mode", "nearest") == "nearest"
+
+
 @dataclass(frozen=True)
 class OpClass:
     name: str

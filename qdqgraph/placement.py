@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from .ops import nearest_resize
 from .rules import Rule, RuleSet, load_ruleset
 from .view import GraphView
 
@@ -477,20 +478,43 @@ def _add_site(plan: Plan, view: GraphView, node, index: int, target, rule: Rule)
             rep.group = group
 
 
-def _merge_groups(plan: Plan) -> None:
-    """Concat groups that touch each other (a Concat of Concats) collapse into one scale group."""
+def _resize_links(plan: Plan, view: GraphView) -> list[tuple[str, str]]:
+    """(output, input) of each nearest Resize whose input and output are both quantized: TensorRT
+    moves the output's Q above the Resize (R2), where it must equal the input's own Q to merge
+    with it (R5-c); otherwise the tensor carries two Qs and the layer before it a reformat."""
+    links = []
+    for site in plan.activation_sites():
+        p = view.producer(view.tensors[site.tensor]) if site.tensor in view.tensors else None
+        if p is None or not view.vocab.is_(p, "resize") or not nearest_resize(p.attrs):
+            continue
+        src = plan.sites.get(p.inputs[0].name)
+        if src is not None and src.kind == "activation":
+            links.append((site.tensor, src.tensor))
+    return links
+
+
+def _merge_groups(plan: Plan, links: list[tuple[str, str]] = ()) -> None:
+    """Concat groups that touch each other (a Concat of Concats) collapse into one scale group, as
+    do the two ends of each link."""
     parent: dict[str, str] = {}
 
     def find(x):
         while parent.get(x, x) != x:
             x = parent[x]
         return x
+
+    def union(a, b):
+        a, b = find(a), find(b)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    for a, b in links:
+        for site in (plan.sites[a], plan.sites[b]):
+            site.group = site.group or site.tensor
+        union(a, b)
     for s in plan.activation_sites():
         if s.group:
             parent.setdefault(s.tensor, s.tensor)
-            a, b = find(s.tensor), find(s.group)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
+            union(s.tensor, s.group)
     for s in plan.activation_sites():
         if s.group:
             s.group = find(s.tensor)
@@ -535,7 +559,7 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
             else:
                 if near and not any(r.stage > stage for r in candidates):
                     plan.decisions[node.name] = Decision(node.name, node.op, False, *near)
-    _merge_groups(plan)
+    _merge_groups(plan, _resize_links(plan, view))
     return plan
 
 

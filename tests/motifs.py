@@ -139,6 +139,22 @@ def tiny_se_block():
     return g.model()
 
 
+def fpn_upsample(mode="nearest"):
+    """A feature-pyramid merge: a coarse map feeds its own conv and, upsampled x2, a Concat with a
+    fine map (YOLO / PicoDet necks)."""
+    g = G("fpn_upsample")
+    x = g.input("x", ["n", 16, 8, 8])
+    fine = g.node("Relu", [g.conv(x, 16, 16, "fine_conv")], name="fine_relu")
+    coarse = g.node("Relu", [g.conv(fine, 16, 16, "down", strides=[2, 2])], name="coarse_relu")
+    g.node("Conv", [coarse, g.weight("side.w", (16, 16, 1, 1))], ["side"], name="side", kernel_shape=[1, 1])
+    up = g.node("Resize", [coarse, "", g.const("scales", np.array([1, 1, 2, 2], np.float32))], name="up", mode=mode)
+    cat = g.node("Concat", [fine, up], name="cat", axis=1)
+    g.node("Conv", [cat, g.weight("head.w", (16, 32, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("side")
+    g.output("y")
+    return g.model()
+
+
 def silu_conv():
     """conv -> x * sigmoid(x) -> conv: the Mul must stay unquantized (fuses into the epilogue)."""
     g = G("silu_conv")
@@ -358,7 +374,7 @@ def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
 ALL = {"conv_relu": conv_relu, "conv_bn_relu": conv_bn_relu, "residual_add": residual_add,
        "concat_of_pools": concat_of_pools, "se_block": se_block, "silu_conv": silu_conv,
        "attention": attention, "gemm_transB": gemm_transB, "convtranspose": convtranspose,
-       "integer_path": integer_path, "tiny_conv": tiny_conv, "tiny_se_block": tiny_se_block, "paddle_constants": paddle_constants,
+       "integer_path": integer_path, "tiny_conv": tiny_conv, "tiny_se_block": tiny_se_block, "fpn_upsample": fpn_upsample, "paddle_constants": paddle_constants,
        "layernorm_mlp": layernorm_mlp, "layernorm_decomposed": layernorm_decomposed, "gemv": gemv,
        "pool_output": pool_output, "batched_weight": batched_weight, "bmm": bmm, "pool_float": pool_float,
        "concat_float": concat_float, "residual_projection": lambda: residual_add(projection=True),

@@ -94,6 +94,21 @@ def test_a_slim_se_block_stays_int8_and_leaves_no_reformat():
     assert summary["float_layers"] == 0 and summary["reformats_inside"] == 0, summary
 
 
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_an_upsampled_map_shares_its_source_scale_so_no_reformat_is_left(mode):
+    """Q(Resize(x)) moves above a nearest Resize onto x (R2); it merges with x's own Q only if the
+    two scales are equal, so placement puts both in one scale group. A linear Resize computes new
+    values: no link, and it runs in float."""
+    m = motifs.fpn_upsample(mode)
+    plan = plan_placement(cleaned_graph(m))
+    groups = {t: rep for rep, members in plan.groups().items() for t in members}
+    linked = groups["coarse_relu_out"] == groups["up_out"] == groups["fine_relu_out"]
+    assert linked == (mode == "nearest"), plan.groups()
+    summary = trtsim.simulate(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model).summary
+    if mode == "nearest":
+        assert summary["reformats_inside"] == 0 and summary["float_layers"] == 0, summary
+
+
 def test_residual_quantizes_skip_only():
     for name, skip in (("residual_add", "stem_relu_out"), ("residual_projection", "proj_out")):
         plan = plan_placement(cleaned_graph(motifs.ALL[name]()))

@@ -202,6 +202,19 @@ def pad(mode="reflect"):
     return g.head(p)
 
 
+def resize(mode="nearest", dq_first=False):
+    """c1 -> Relu -> Resize(x2) -> Q/DQ -> head (Q backward), or x -> Q/DQ -> Resize -> conv (DQ forward)."""
+    g = QG("resize")
+    scales = g.const("scales", np.array([1, 1, 2, 2], np.float32))
+    if dq_first:
+        r = g.node("Resize", [g.qdq(g.input("x", ["n", 8, 4, 4]), "x"), "", scales], name="rs", mode=mode)
+        g.node("Conv", [r, g.qweight("c2", (8, 8, 1, 1))], ["y"], name="c2", kernel_shape=[1, 1])
+        g.output("y")
+        return g.model(13)
+    y = g.node("Relu", [g.qconv(g.qdq(g.input("x", ["n", 8, 4, 4]), "x"), "c1")], name="relu")
+    return g.head(g.node("Resize", [y, "", scales], name="rs", mode=mode))
+
+
 def transpose(to_output=False, quantized=True):
     """x (NHWC) -> Q/DQ -> Transpose -> conv, as tf2onnx writes a network input."""
     g = QG("transpose")
@@ -305,6 +318,8 @@ CASES = {
     "R2-maxpool-q": ((pool, "head_in_q"), (lambda: pool(fanout=True), "head_in_q", "float consumer (R5-b)")),
     "R6-concat-q": ((concat, "head_in_q"), (lambda: concat(from_inputs=True), "head_in_q", "graph input (R5-d)")),
     "R2-copy-q": ((lambda: pad("constant"), "head_in_q"), (pad, "head_in_q", "Pad mode is reflect")),
+    "R2-resize-q": ((resize, "head_in_q"), (lambda: resize("linear"), "head_in_q", "not nearest")),
+    "R2-resize-dq": ((lambda: resize(dq_first=True), "rs"), (lambda: resize("linear", dq_first=True), "rs", "not nearest")),
     "R2-maxpool-dq": ((maxpool_dq, "pool"), (lambda: maxpool_dq(to_output=True), "pool", "graph output (R5-d)")),
     "R6-concat-dq": ((concat_dq, "concat"), (lambda: concat_dq((S1, S2)), "concat", "different scales")),
     "R2-copy-dq": ((transpose, "tr"), (lambda: transpose(to_output=True), "tr", "graph output (R5-d)")),
@@ -380,6 +395,13 @@ def test_a_dropout_in_training_mode_stays_a_layer_and_splits_conv_from_relu():
     layers = sim(conv_no_op("Dropout", training=True)).layers
     conv = next(x for x in layers if "c1" in x.nodes)
     assert "act" not in conv.nodes
+
+
+def test_a_nearest_resize_runs_int8_between_two_int8_convs():
+    layers = sim(resize()).layers
+    rs = next(x for x in layers if x.nodes == ["rs"])
+    assert rs.kind == "resize" and rs.inputs[0].precision == rs.outputs[0].precision == "int8"
+    assert not [x for x in layers if x.reformat and not x.at_graph_io]
 
 
 def test_a_float_layer_takes_no_output_scale():

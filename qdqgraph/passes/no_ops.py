@@ -24,10 +24,10 @@ class NoOpResult:
     removed: list[str] = field(default_factory=list)
 
 
-def inference_no_op(op: str, attrs: dict, training_mode, mask_used: bool) -> bool:
+def inference_no_op(is_dropout: bool, training_mode, mask_used: bool) -> bool:
     """Is a node of the `no_op` op class an identity at inference? `training_mode` is the value of
     Dropout's third input (None when absent, ... when not a constant)."""
-    if op != "Dropout":
+    if not is_dropout:
         return True
     if mask_used:
         return False
@@ -46,7 +46,7 @@ def _removable(view: GraphView, n: gs.Node) -> bool:
     if len(n.inputs) > 2 and n.inputs[2].name:
         v = view.constant_value(n.inputs[2])
         training = ... if v is None else v
-    return inference_no_op(n.op, n.attrs, training, mask_used)
+    return inference_no_op(view.vocab.is_(n, "dropout"), training, mask_used)
 
 
 def remove_no_ops(graph: gs.Graph) -> NoOpResult:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..ops import attr_str, nearest_resize
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 
 
@@ -97,6 +98,15 @@ def c_pad_constant_mode(ctx, node, arg):
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode != "constant":
         return False, f"Pad mode is {mode}, not constant"
+    return True, ""
+
+
+def c_resize_nearest(ctx, node, arg):
+    """Resize (or Upsample) in nearest mode, whose only activation is its data input."""
+    if not nearest_resize(node.attrs):
+        return False, f"Resize mode is {attr_str(node.attrs, 'mode', 'nearest')}, not nearest: it computes new values"
+    if ctx.g.data_inputs(node)[1:]:
+        return False, "its scales or sizes are not constants"
     return True, ""
 
 
@@ -448,7 +458,7 @@ def c_inference_no_op(ctx, node, arg):
     if len(node.inputs) > 2 and node.inputs[2]:
         v = g.const(node.inputs[2])
         training = ... if v is None else v
-    if not inference_no_op(node.op, node.attrs, training, mask_used):
+    if not inference_no_op(g.vocab.is_(node, "dropout"), training, mask_used):
         return False, "a Dropout in training mode, or with its mask used"
     return True, ""
 
@@ -475,6 +485,7 @@ CONDITIONS = {
     "output_int8": c_output_int8, "layer_int8": c_layer_int8, "residual_int8": c_residual_int8, "sole_q_output": c_sole_q_output,
     "spatial_reduce": c_spatial_reduce, "feeds_fc": c_feeds_fc, "swish_pair": c_swish_pair,
     "requant": c_requant, "op_node": c_op_node, "inference_no_op": c_inference_no_op,
+    "resize_nearest": c_resize_nearest,
 }
 
 

@@ -15,7 +15,7 @@ from .trace import Trace
 
 _KINDS = (("conv", "convolution"), ("gemm", "gemm"), ("matmul", "matmul"), ("avg_pool", "pooling"),
           ("max_pool", "pooling"), ("reduce_mean", "pooling"), ("concat", "concat"), ("pad", "padding"),
-          ("copy", "shuffle"), ("elementwise", "elementwise"), ("epilogue", "activation"),
+          ("copy", "shuffle"), ("resize", "resize"), ("elementwise", "elementwise"), ("epilogue", "activation"),
           ("softmax", "softmax"), ("layernorm", "normalization"))
 
 
