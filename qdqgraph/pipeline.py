@@ -291,7 +291,7 @@ def deploy(result: Result, high_precision: str = "fp16", data: CalibrationData |
         loaded = io.load(model)
         lowered = lower_float_islands(loaded.graph, high_precision, io.opset_of(model), ranges)
         result.report.precision = {"high_precision": high_precision, "retyped_tensors": lowered.retyped,
-                                   "casts": lowered.casts, "kept_fp32": [{"node": n, "rule": r} for n, r in lowered.kept]}
+                                   "casts": lowered.casts, "dq_copies": lowered.dq_copies, "kept_fp32": [{"node": n, "rule": r} for n, r in lowered.kept]}
         for t in lowered.clamped_scales:
             result.report.warnings.append(f"scale {t} does not fit {high_precision}; clamped to stay finite and > 0")
         model = io.to_model(loaded, provenance)

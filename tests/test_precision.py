@@ -132,6 +132,33 @@ def test_int8_concat_between_qdq_stays_fp32_so_onnxruntime_runs_it():
     assert all(np.isfinite(o).all() for o in _run(r.model, feed))
 
 
+def test_a_dq_read_by_fp16_and_fp32_ops_gets_a_float32_copy_not_a_cast():
+    """relu_a feeds an FP16 conv and an H6 Concat kept FP32: the Concat reads its own float32 DQ
+    of the same INT8 tensor. A Cast after the FP16 DQ would leave TensorRT two reformats."""
+    g = motifs.G("dq_two_types")
+    x = g.input("x", ["n", 16, 8, 8])
+    a = g.node("Relu", [g.conv(x, 16, 16, "conv_a")], name="relu_a")
+    b = g.node("Relu", [g.conv(x, 16, 16, "conv_b")], name="relu_b")
+    g.node("Conv", [a, g.weight("side.w", (16, 16, 1, 1))], ["side"], name="side", kernel_shape=[1, 1])
+    g.node("Conv", [g.node("Concat", [a, b], name="cat", axis=1), g.weight("head.w", (16, 32, 1, 1))], ["y"],
+           name="head", kernel_shape=[1, 1])
+    g.output("side")
+    g.output("y")
+    m = g.model()
+    r = qdqgraph.quantize(m, motifs.sample_data(m))
+    onnx.checker.check_model(r.model, full_check=True)
+    producers = {o: n for n in r.model.graph.node for o in n.output}
+    assert not [n.name for n in r.model.graph.node
+                if n.op_type == "Cast" and producers.get(n.input[0]) is not None
+                and producers[n.input[0]].op_type == "DequantizeLinear"]
+    assert r.report.precision["dq_copies"] == 1
+    assert trtsim.simulate(r.model).summary["reformats_inside"] == 0
+    ref = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model
+    feed = {k: v[0] for k, v in motifs.sample_data(m).items()}
+    for a16, a32 in zip(_run(r.model, feed), _run(ref, feed)):
+        np.testing.assert_allclose(a16, a32, rtol=0.02, atol=0.02 * np.abs(a32).max())
+
+
 def test_fp32_leaves_no_float16_and_opset_alone():
     m = motifs.residual_add()
     r = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")

@@ -75,6 +75,7 @@ class PrecisionResult:
     dtype: str
     retyped: int = 0                                        # float32 tensors now in the island type
     casts: int = 0
+    dq_copies: int = 0                                      # float32 DQs added beside FP16 ones
     kept: list[tuple[str, str]] = field(default_factory=list)   # (node, rule id or reason)
     clamped_scales: list[str] = field(default_factory=list)
 
@@ -104,7 +105,10 @@ class _Retyper:
         self.vocab = self.view.vocab
         self.result = PrecisionResult(dtype=_short(island))
         self.casts: dict[tuple[str, np.dtype], gs.Variable] = {}
-        self.own: set[str] = set()                           # the Casts this pass adds
+        self.own: set[str] = set()                           # the Casts (and DQ copies) this pass adds
+        # each DQ's float32 scale as it was, for the DQ copies that feed float32 ops
+        self.dq_scale = {n.name: n.inputs[1] for n in graph.nodes
+                         if self.vocab.is_(n, "dequantize") and len(n.inputs) > 1}
         self.keep = {n.name: why for n in graph.nodes if (why := self._keep_reason(n))}
         self._keep_qdq_beside_fp32()
         self.result.kept = sorted(self.keep.items())
@@ -246,6 +250,17 @@ class _Retyper:
 
     def _cast(self, t: gs.Variable, to: np.dtype) -> gs.Variable:
         key = (t.name, to)
+        p = self.view.producer(t)
+        if key not in self.casts and to == F32 and p is not None and p.name in self.dq_scale:
+            # a float32 op reading an FP16 DQ gets its own float32 DQ of the same INT8 tensor: a
+            # Cast between a DQ and its consumer would stop TensorRT's Q/DQ fusion (a reformat)
+            out = gs.Variable(f"{t.name}_{_short(to)}", dtype=to, shape=t.shape)
+            node = gs.Node(p.op, name=f"{p.name}_{_short(to)}", attrs=dict(p.attrs),
+                           inputs=[p.inputs[0], self.dq_scale[p.name], *p.inputs[2:]], outputs=[out])
+            self.graph.nodes.append(node)
+            self.own.add(node.name)
+            self.casts[key] = out
+            self.result.dq_copies += 1
         if key not in self.casts:
             out = gs.Variable(f"{t.name}_{_short(to)}", dtype=to, shape=t.shape)
             node = gs.Node("Cast", name=f"{t.name}_to_{_short(to)}", attrs={"to": onnx.helper.np_dtype_to_tensor_dtype(to)},
