@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 
 from .ops import nearest_resize
 from .rules import Rule, RuleSet, load_ruleset
+from .trtsim.conditions import MAX_REGION
 from .view import GraphView
 
 # ONNX attribute defaults that conditions compare against.
@@ -233,9 +234,35 @@ def c_is_tiny_conv(ctx, node, arg):
     return True, f"{ic} in / {oc} out channels (< 16), kernel {list(kernel)}, group {group}", {}
 
 
+def _region_input(v: GraphView, t: gs.Tensor) -> gs.Tensor | None:
+    """The one tensor x that feeds a region of pointwise ops ending in t (their other operands
+    constants, every tensor inside used only inside): a decomposed HardSwish x*clip(x+3,0,6)/6 or
+    GELU, which TensorRT fuses into one PointWise epilogue (F2). None if t ends no such region."""
+    region, stack = {}, [t]
+    while stack:
+        p = v.producer(stack.pop())
+        if p is None or p.name in region:
+            continue
+        if not (v.vocab.is_(p, "elementwise") or v.vocab.is_(p, "epilogue")) or len(region) >= MAX_REGION:
+            return None
+        region[p.name] = p
+        stack.extend(i for i in p.inputs if i.name and not v.is_constant(i)
+                     and (p2 := v.producer(i)) is not None and (v.vocab.is_(p2, "elementwise") or v.vocab.is_(p2, "epilogue")))
+    ins = {i.name: i for n in region.values() for i in n.inputs if i.name and not v.is_constant(i)
+           and (v.producer(i) is None or v.producer(i).name not in region)}
+    if len(region) < 2 or len(ins) != 1:
+        return None
+    x = next(iter(ins.values()))
+    inner = [x] + [o for n in region.values() for o in n.outputs if o is not t]
+    if any(c.name not in region for i in inner for c, _ in v.consumers(i)) or any(v.is_graph_output(i) for i in inner):
+        return None
+    return x
+
+
 def _backbone(ctx, t: gs.Tensor, limit=6):
     """The Conv at the head of a conv pattern ending in tensor t (Conv[->BN][->Act][->Dropout],
-    bias or constant-scale ops allowed), each tensor on it used once; else None."""
+    bias or constant-scale ops allowed, an activation possibly decomposed into pointwise ops),
+    each tensor on it used once; else None."""
     v = ctx.view
     for _ in range(limit):
         if len(v.consumers(t)) != 1 or v.is_graph_output(t):
@@ -246,12 +273,25 @@ def _backbone(ctx, t: gs.Tensor, limit=6):
         if v.vocab.is_(p, "conv"):
             return p
         nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
-        passthrough = (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue")
-                       or p.op in ("Dropout", "Identity")
+        passthrough = (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue") or v.vocab.is_(p, "no_op")
                        or ((v.vocab.is_(p, "add") or v.vocab.is_(p, "mul")) and len(nonconst) == 1))
-        if not passthrough or len(nonconst) != 1:
+        if passthrough and len(nonconst) == 1:
+            t = nonconst[0]
+            continue
+        x = _region_input(v, t)
+        if x is None:
             return None
-        t = nonconst[0]
+        p = v.producer(x)
+        if p is None:
+            return None
+        if v.vocab.is_(p, "conv"):
+            return p
+        t = x if len(v.consumers(x)) == 1 else None
+        if t is None:       # x feeds the whole region: step over it to its producer's input
+            nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
+            if not (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue")) or len(nonconst) != 1:
+                return None
+            t = nonconst[0]
     return None
 
 

@@ -155,6 +155,28 @@ def fpn_upsample(mode="nearest"):
     return g.model()
 
 
+def hardswish_out(g, x, name):
+    """x * Clip(x + 3, 0, 6) / 6: HardSwish as Paddle's and older PyTorch exporters write it out."""
+    a = g.node("Add", [x, g.const(f"{name}.three", np.array(3, np.float32))], name=f"{name}_add")
+    k = g.node("Clip", [a, g.const(f"{name}.lo", np.array(0, np.float32)),
+                        g.const(f"{name}.hi", np.array(6, np.float32))], name=f"{name}_clip")
+    return g.node("Div", [g.node("Mul", [x, k], name=f"{name}_mul"), g.const(f"{name}.six", np.array(6, np.float32))],
+                  name=f"{name}_div")
+
+
+def residual_hardswish():
+    """Add of two conv branches, each ending in a decomposed HardSwish (a PicoDet neck block)."""
+    g = G("residual_hardswish")
+    x = g.input("x", ["n", 16, 8, 8])
+    stem = hardswish_out(g, g.conv(x, 16, 16, "stem"), "hs0")
+    a = hardswish_out(g, g.conv(stem, 16, 16, "conv_a"), "hs1")
+    b = hardswish_out(g, g.conv(hardswish_out(g, g.conv(stem, 16, 16, "conv_b1"), "hs2"), 16, 16, "conv_b2"), "hs3")
+    s = g.node("Add", [a, b], name="add")
+    g.node("Conv", [s, g.weight("head.w", (16, 16, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
 def silu_conv():
     """conv -> x * sigmoid(x) -> conv: the Mul must stay unquantized (fuses into the epilogue)."""
     g = G("silu_conv")
@@ -374,7 +396,7 @@ def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
 ALL = {"conv_relu": conv_relu, "conv_bn_relu": conv_bn_relu, "residual_add": residual_add,
        "concat_of_pools": concat_of_pools, "se_block": se_block, "silu_conv": silu_conv,
        "attention": attention, "gemm_transB": gemm_transB, "convtranspose": convtranspose,
-       "integer_path": integer_path, "tiny_conv": tiny_conv, "tiny_se_block": tiny_se_block, "fpn_upsample": fpn_upsample, "paddle_constants": paddle_constants,
+       "integer_path": integer_path, "tiny_conv": tiny_conv, "tiny_se_block": tiny_se_block, "fpn_upsample": fpn_upsample, "residual_hardswish": residual_hardswish, "paddle_constants": paddle_constants,
        "layernorm_mlp": layernorm_mlp, "layernorm_decomposed": layernorm_decomposed, "gemv": gemv,
        "pool_output": pool_output, "batched_weight": batched_weight, "bmm": bmm, "pool_float": pool_float,
        "concat_float": concat_float, "residual_projection": lambda: residual_add(projection=True),

@@ -109,6 +109,20 @@ def test_an_upsampled_map_shares_its_source_scale_so_no_reformat_is_left(mode):
         assert summary["reformats_inside"] == 0 and summary["float_layers"] == 0, summary
 
 
+def test_a_residual_add_after_decomposed_hardswish_fuses_into_the_conv():
+    """Both Add inputs end in x * clip(x + 3, 0, 6) / 6 after a conv: placement still sees conv
+    branches (P6 quantizes the shorter one, the skip) and the simulator fuses Conv + PointWise +
+    Add into one INT8 layer, leaving no reformat."""
+    m = motifs.residual_hardswish()
+    plan = plan_placement(cleaned_graph(m))
+    assert plan.decisions["add"].rule == "P6-residual-add" and plan.decisions["add"].quantized
+    skip = [t for t, s in plan.sites.items() if ("add", 0) in s.edges or ("add", 1) in s.edges]
+    assert skip == ["hs1_div_out"], skip
+    report = trtsim.simulate(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model)
+    assert "add" in report.layer_of("conv_b2").nodes
+    assert report.summary["reformats_inside"] == 0 and report.summary["float_layers"] == 0, report.table()
+
+
 def test_residual_quantizes_skip_only():
     for name, skip in (("residual_add", "stem_relu_out"), ("residual_projection", "proj_out")):
         plan = plan_placement(cleaned_graph(motifs.ALL[name]()))

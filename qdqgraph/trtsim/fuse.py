@@ -8,7 +8,7 @@ ops. A node belongs to one layer; a DQ may be absorbed by several consumers (Ten
 """
 from __future__ import annotations
 
-from .conditions import Ctx, LayerBuild, evaluate, op_matches, pointwise_region
+from .conditions import MAX_REGION, Ctx, LayerBuild, evaluate, op_matches, pointwise_region
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -345,9 +345,34 @@ def residual_candidates(g: SimGraph, rules: SimRuleSet) -> dict[str, str]:
     return out
 
 
+def _region_source(g: SimGraph, t: str) -> str | None:
+    """The tensor x whose pointwise region (F2-pointwise-region) ends in t, else None."""
+    seen, stack, outside = set(), [t], set()
+    while stack:
+        p = g.producer(stack.pop())
+        if p is None or p.name in seen:
+            continue
+        if p.role != OP or not (g.vocab.is_(p, "elementwise") or g.vocab.is_(p, "epilogue")) or len(seen) >= MAX_REGION:
+            return None
+        seen.add(p.name)
+        for d in g.data_inputs(p):
+            q = g.producer(d)
+            if q is not None and q.role == OP and (g.vocab.is_(q, "elementwise") or g.vocab.is_(q, "epilogue")):
+                stack.append(d)
+            else:
+                outside.add(d)
+    if len(outside) != 1:
+        return None
+    x = next(iter(outside))
+    nodes, out, _ = pointwise_region(g, x)
+    return x if out == t and len(nodes) >= 2 else None
+
+
 def _chain_head(g: SimGraph, plain_rules, consumer: SNode, t: str, limit: int = 8) -> SNode | None:
+    region_end = False
     for _ in range(limit):
-        if g.is_graph_output(t) or (len(g.consumers(t)) != 1 and _swish_parts(g, consumer) is None):
+        if g.is_graph_output(t) or (len(g.consumers(t)) != 1 and _swish_parts(g, consumer) is None
+                                    and not region_end):
             return None
         p = g.producer(t)
         if p is None or p.role != OP:
@@ -362,8 +387,12 @@ def _chain_head(g: SimGraph, plain_rules, consumer: SNode, t: str, limit: int = 
         if parts is not None:
             src, node = parts
         ok = any(evaluate(Ctx(g, None, src), r, node)[0] for r in plain_rules if op_matches(g, r, node))
+        region_end = False
         if not ok:
-            return None
+            x = _region_source(g, t)      # a decomposed activation (HardSwish, GELU) ends here
+            if x is None:
+                return None
+            src, region_end = x, True
         consumer, t = p, src
     return None
 
