@@ -51,3 +51,14 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
         fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + ", or --calib-cache FILE"
                if custom else "check that the model runs in onnxruntime, or pass --calib-cache")
         raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
+
+
+def float_activations(loaded: io.Loaded, names: list[str], data, samples: int, purpose: str):
+    """Yield {tensor: value} of the float model's tensors `names`, one calibration sample at a time,
+    for the first `samples` samples."""
+    model = io.with_outputs(io.to_model(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version)), names)
+    sess = session(model, purpose=purpose)
+    for k, feed in enumerate(data.batches(1)):
+        if k >= samples:
+            return
+        yield dict(zip(names, sess.run(names, feed)))

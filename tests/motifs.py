@@ -111,32 +111,23 @@ def concat_of_pools():
     return g.model()
 
 
-def se_block():
+def se_block(channels=32, squeezed=16, name="se_block"):
     """conv -> relu -> x; gate = HardSigmoid(conv(relu(conv(GAP(x))))); y = x * gate -> conv."""
-    g = G("se_block")
+    g = G(name)
     inp = g.input("x", ["n", 16, 8, 8])
-    x = g.node("Relu", [g.conv(inp, 16, 32, "conv")], name="relu")
+    x = g.node("Relu", [g.conv(inp, 16, channels, "conv")], name="relu")
     p = g.node("GlobalAveragePool", [x], name="gap")
-    s = g.node("Relu", [g.conv(p, 32, 16, "se_reduce", k=1)], name="se_relu")
-    gate = g.node("HardSigmoid", [g.conv(s, 16, 32, "se_expand", k=1)], name="se_gate")
+    s = g.node("Relu", [g.conv(p, channels, squeezed, "se_reduce", k=1)], name="se_relu")
+    gate = g.node("HardSigmoid", [g.conv(s, squeezed, channels, "se_expand", k=1)], name="se_gate")
     m = g.node("Mul", [x, gate], name="se_mul")
-    g.node("Conv", [m, g.weight("head.w", (16, 32, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.node("Conv", [m, g.weight("head.w", (16, channels, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
     g.output("y")
     return g.model()
 
 
 def tiny_se_block():
     """An SE block of a slim network (8 channels, squeezed to 2), as in PP-OCR's mobile classifier."""
-    g = G("tiny_se_block")
-    inp = g.input("x", ["n", 16, 8, 8])
-    x = g.node("Relu", [g.conv(inp, 16, 8, "conv")], name="relu")
-    p = g.node("GlobalAveragePool", [x], name="gap")
-    s = g.node("Relu", [g.conv(p, 8, 2, "se_reduce", k=1)], name="se_relu")
-    gate = g.node("HardSigmoid", [g.conv(s, 2, 8, "se_expand", k=1)], name="se_gate")
-    m = g.node("Mul", [x, gate], name="se_mul")
-    g.node("Conv", [m, g.weight("head.w", (16, 8, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
-    g.output("y")
-    return g.model()
+    return se_block(channels=8, squeezed=2, name="tiny_se_block")
 
 
 def fpn_upsample(mode="nearest"):

@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 from .. import io
 from ..data import CalibrationData
 from ..placement import Plan
-from ..runtime import session
+from ..runtime import float_activations
 from ..view import GraphView
 from .insert import quantize_weight, weight_scales
 
@@ -46,14 +46,10 @@ def input_means(loaded: io.Loaded, plan: Plan, data: CalibrationData, samples: i
     names = sorted({n.inputs[0].name for n, _ in targets})
     if not names:
         return {}
-    sess = session(io.with_outputs(io.to_model(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version)),
-                                   names), purpose="bias correction")
     sums: dict[str, np.ndarray] = {}
     seen = 0
-    for feed in data.batches(1):
-        if seen >= samples:
-            break
-        for name, v in zip(names, sess.run(names, feed)):
+    for values in float_activations(loaded, names, data, samples, "bias correction"):
+        for name, v in values.items():
             v = v.astype(np.float64)
             m = v.mean(axis=tuple(d for d in range(v.ndim) if d != 1)) if v.ndim > 2 else v.reshape(-1, v.shape[-1]).mean(0)
             sums[name] = sums.get(name, 0) + m

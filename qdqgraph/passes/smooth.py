@@ -23,7 +23,7 @@ import onnx_graphsurgeon as gs
 from .. import io
 from ..data import CalibrationData
 from ..placement import Plan
-from ..runtime import session
+from ..runtime import float_activations
 from ..view import GraphView
 
 DEFAULT_ALPHA = 0.5
@@ -71,18 +71,12 @@ def channel_ranges(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
     """max |x| per last-axis channel of each tensor over the first `samples` samples (float model)."""
     if not tensors:
         return {}
-    model = io.with_outputs(io.to_model(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version)), tensors)
-    sess = session(model, purpose="smoothing")
     out: dict[str, np.ndarray] = {}
-    seen = 0
-    for feed in data.batches(1):
-        if seen >= samples:
-            break
-        for name, v in zip(tensors, sess.run(tensors, feed)):
+    for values in float_activations(loaded, tensors, data, samples, "smoothing"):
+        for name, v in values.items():
             v = np.abs(np.asarray(v, dtype=np.float32))
             m = v.reshape(-1, v.shape[-1]).max(axis=0) if v.ndim >= 2 else v
             out[name] = m if name not in out else np.maximum(out[name], m)
-        seen += 1
     return out
 
 
