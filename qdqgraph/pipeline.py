@@ -109,7 +109,12 @@ def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = DEFAULT_METHOD
         report.method = method
     if keep_states:
         return got
-    return amax_from_states(got.states, method, percentile)
+    amax = amax_from_states(got.states, method, percentile)
+    for rep, members in groups.items():      # ranges the graph fixes (a one-hot's 1.0) are not estimated
+        exact = [plan.sites[t].exact_amax for t in members]
+        if all(e is not None for e in exact):
+            amax[rep] = max(exact)
+    return amax
 
 
 def _amax_from_cache(plan: Plan, path) -> dict[str, float]:

@@ -33,6 +33,7 @@ class Site:
     axis: int | None = None         # weights: per-channel axis; None = per-tensor
     edges: list[tuple[str, int]] = field(default_factory=list)  # (consumer node name, input index)
     group: str | None = None        # tensors with the same group share one scale
+    exact_amax: float | None = None # a range known from the graph (a one-hot: 1.0), not calibrated
 
 
 @dataclass
@@ -104,9 +105,19 @@ def _float_activation(ctx, t, label):
         return False, f"{label} '{t.name}' has no known type (shape inference could not type it)"
     if not v.is_float(t):
         return False, f"{label} '{t.name}' is {np.dtype(v.dtype(t)).name}, not float (integer tensors are never quantized)"
-    if t.name in v.integer_derived:
+    if t.name in v.integer_derived and not _exact_zero_one(v, t):
         return False, f"{label} '{t.name}' is on an integer path (from '{v.integer_derived[t.name]}')"
     return True, ""
+
+
+def _exact_zero_one(v: GraphView, t: gs.Tensor) -> bool:
+    """A Cast from bool (a one-hot or mask) holds only 0 and 1, which INT8 represents exactly
+    (amax 1: 1 -> 127): quantizing it loses nothing and lets its consumer run INT8."""
+    p = v.producer(t)
+    if p is None or not v.vocab.is_(p, "cast") or not p.inputs:
+        return False
+    d = v.dtype(p.inputs[0])
+    return d is not None and np.dtype(d) == np.bool_
 
 
 @_cond()
@@ -600,6 +611,9 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
                 if near and not any(r.stage > stage for r in candidates):
                     plan.decisions[node.name] = Decision(node.name, node.op, False, *near)
     _merge_groups(plan, _resize_links(plan, view))
+    for site in plan.activation_sites():
+        if site.tensor in view.tensors and _exact_zero_one(view, view.tensors[site.tensor]):
+            site.exact_amax = 1.0
     return plan
 
 

@@ -225,7 +225,8 @@ def convtranspose(group=1):
 
 def integer_path():
     """int64 ids -> Gather embedding; int64 mask -> Cast -> Sub -> Mul -> Add into scores; a one-hot
-    (Equal -> Cast) into a MatMul. Integer tensors and their float derivatives stay unquantized."""
+    (Equal -> Cast) into a MatMul; the ids themselves cast to float into a MatMul. Integer tensors and
+    their float derivatives stay unquantized, except a Cast from bool (0/1, exact in INT8)."""
     g = G("integer_path")
     ids = g.input("ids", ["b", 8], TensorProto.INT64)
     mask = g.input("mask", ["b", 8], TensorProto.INT64)
@@ -240,7 +241,10 @@ def integer_path():
                                                g.const("vocab", np.arange(16, dtype=np.int64))], name="eq")],
                     name="onehot", to=TensorProto.FLOAT)
     oh = g.node("MatMul", [onehot, g.weight("w2", (16, 16))], name="onehot_mm")
-    y = g.node("Add", [s, oh], name="sum")
+    pos = g.node("Cast", [g.node("Unsqueeze", [ids, g.const("ax3", np.array([2], np.int64))], name="ids_unsq2")],
+                 name="ids_float", to=TensorProto.FLOAT)
+    pm = g.node("MatMul", [pos, g.weight("w_ids", (1, 16))], name="ids_mm")
+    y = g.node("Add", [pm, g.node("Add", [s, oh], name="sum0")], name="sum")
     g.node("MatMul", [y, g.weight("w3", (16, 16))], ["y"], name="out_proj")
     g.output("y")
     return g.model()

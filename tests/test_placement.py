@@ -1,6 +1,7 @@
 """Placement rules: each rule id has a positive and a negative case (the negative one asserts the
 reason), golden text per motif, and the structural guarantees of P5/P8."""
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import pytest
 
@@ -35,7 +36,7 @@ CASES = {
     "P2-convtranspose-grouped": (("convtranspose_grouped", "up"), ("conv_relu", "conv", "not ConvTranspose")),
     "P1-gemm-transB": (("gemm_transB", "fc"), ("gemm", "fc", "transB is 0")),
     "P1-gemm": (("gemm", "fc"), ("gemm_transB", "fc", "transB is 1")),
-    "P1-matmul": (("attention", "q_proj"), ("integer_path", "onehot_mm", "integer path")),
+    "P1-matmul": (("attention", "q_proj"), ("integer_path", "ids_mm", "integer path")),
     "P2-matmul-batched-weight": (("batched_weight", "bmm_w"), ("bmm", "bmm", "not a constant weight")),
     "P1-matmul-activations": (("bmm", "bmm"), ("bmm", "proj_a", "is a constant")),
     "P6-residual-add": (("residual_add", "add"), ("integer_path", "sum", "conv pattern")),
@@ -185,12 +186,33 @@ def test_include_node_overrides_advisory_exclusion():
 
 
 def test_integer_tensors_never_quantized():
+    """Integer tensors and their float derivatives get no Q/DQ, except a one-hot (Cast from bool):
+    its 0/1 values are exact in INT8, so the MatMul it feeds runs INT8 (magika's first Dense)."""
     graph = cleaned_graph(motifs.integer_path())
     plan = plan_placement(graph)
-    view = qdqgraph.view.GraphView(graph) if hasattr(qdqgraph, "view") else None
     from qdqgraph.view import GraphView
     view = GraphView(graph)
     for t in plan.sites:
         tensor = view.tensors[t]
-        assert view.is_float(tensor) and t not in view.integer_derived, t
+        assert view.is_float(tensor) and (t not in view.integer_derived or t == "onehot_out"), t
+    assert plan.decisions["onehot_mm"].quantized and not plan.decisions["ids_mm"].quantized
     assert "embed_out" in plan.sites or plan.decisions["dense"].quantized  # a Gather of a float table is real data
+
+
+def test_a_rare_one_hot_keeps_amax_one_whatever_the_method():
+    """A one-hot whose 1s are fewer than 0.01% of its values: percentile calibration would put its
+    range below 1 and clip every 1; the graph fixes its range at exactly 1.0."""
+    from onnx import TensorProto
+    g = motifs.G("rare_one_hot")
+    ids = g.input("ids", ["b", 4], TensorProto.INT64)
+    onehot = g.node("Cast", [g.node("Equal", [g.node("Unsqueeze", [ids, g.const("ax", np.array([2], np.int64))], name="unsq"),
+                                               g.const("vocab", np.arange(20000, dtype=np.int64))], name="eq")],
+                    name="onehot", to=TensorProto.FLOAT)
+    g.node("MatMul", [onehot, g.weight("w", (20000, 16))], ["y"], name="mm")
+    g.output("y")
+    m = g.model()
+    data = {"ids": np.random.default_rng(0).integers(0, 20000, (4, 1, 4)).astype(np.int64)}
+    for method in ("percentile", "entropy", "max"):
+        r = qdqgraph.quantize(m, data, method=method, high_precision="fp32")
+        s = {i.name: i for i in r.model.graph.initializer}["onehot_out_scale"]
+        assert np.isclose(onnx.numpy_helper.to_array(s), 1.0 / 127), method
