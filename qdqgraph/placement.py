@@ -231,11 +231,6 @@ def c_is_tiny_conv(ctx, node, arg):
     kernel = tuple(int(k) for k in w.shape[2:])
     if ic >= 16 and oc >= 16:
         return False, f"{ic} in / {oc} out channels", {}
-    hw = (ctx.view.shape(node.inputs[0]) or [])[2:]
-    if hw and all(_static(d) == 1 for d in hw):
-        # an SE block's squeeze/excite convs read a pooled 1x1 map: nil cost in any precision, while
-        # a float SE block costs a DQ and a Q reformat on the full feature map around it
-        return False, f"{ic} in / {oc} out channels, but it reads a pooled 1x1 map (SE block)", {}
     if group == 1:
         ok = (oc % 8 == 0 or ic % 8 == 0) and len(set(kernel)) == 1 and (_is_first_layer(ctx, node) or max(ic, oc) >= 16)
     else:

@@ -83,16 +83,14 @@ def test_golden(name, golden):
     golden(name, render(io.load(result.model).graph))
 
 
-def test_a_slim_se_block_stays_int8_and_leaves_no_reformat():
-    """The squeeze/excite convs of an 8 -> 2 -> 8 SE block read a pooled 1x1 map: P10-tiny-conv
-    leaves them INT8, so the block adds no DQ/Q reformat on the full feature map around it."""
+def test_a_slim_se_block_stays_float():
+    """The squeeze/excite convs of an 8 -> 2 -> 8 SE block stay float (P10-tiny-conv). Measured on
+    ppocr_mobile_v2_cls: in INT8 they save one reformat but cost 3 dB of output SQNR (22.8 -> 19.8
+    dB over its 48 samples) and one line of its test set."""
     graph = cleaned_graph(motifs.tiny_se_block())
     for node in ("se_reduce", "se_expand"):
         ok, why = explain(graph, node, "P10-tiny-conv")
-        assert not ok and "pooled 1x1 map" in why, why
-    m = motifs.tiny_se_block()
-    summary = trtsim.simulate(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model).summary
-    assert summary["float_layers"] == 0 and summary["reformats_inside"] == 0, summary
+        assert ok and "(< 16)" in why, why
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
