@@ -59,7 +59,8 @@ class InsertReport:
         lines = []
         if self.opset_raised_from:
             lines.append(f"opset raised from {self.opset_raised_from} to 13 (per-channel Q/DQ needs it)")
-        lines.append(f"cleaned: {self.no_ops_removed} no-op nodes removed, {self.constants_folded} constant nodes folded, "
+        removed = f"{self.no_ops_removed} Identity/Dropout removed, " if self.no_ops_removed else ""
+        lines.append(f"cleaned: {removed}{self.constants_folded} constant nodes folded, "
                      f"{self.batchnorm_folded} BatchNormalization folded, {len(self.batchnorm_kept)} kept")
         for bn in self.batchnorm_kept[:max_examples]:
             lines.append(f"  kept {bn['node']}: {bn['reason']}")
