@@ -159,6 +159,23 @@ def test_a_dq_read_by_fp16_and_fp32_ops_gets_a_float32_copy_not_a_cast():
         np.testing.assert_allclose(a16, a32, rtol=0.02, atol=0.02 * np.abs(a32).max())
 
 
+def test_a_shape_read_neither_casts_nor_splits_the_layer():
+    """Shape reads only dimensions: the FP16 model gives it the FP16 tensor as is (no Cast, a float
+    consumer for nothing), and the simulator puts no precision constraint on what it reads, so the
+    conv before a Shape+Reshape still writes INT8 for the next conv (Paddle's flatten)."""
+    g = motifs.G("shape_read")
+    x = g.input("x", ["n", 16, 4, 4])
+    r = g.node("Relu", [g.conv(x, 16, 16, "conv")], name="relu")
+    flat = g.node("Reshape", [r, g.node("Shape", [r], name="shape")], name="reshape")
+    g.node("Conv", [flat, g.weight("head.w", (16, 16, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    m = g.model()
+    q = qdqgraph.quantize(m, motifs.sample_data(m)).model
+    shape = [n for n in q.graph.node if n.op_type == "Shape"][0]
+    assert shape.input[0] == "relu_out" and not [n for n in q.graph.node if n.op_type == "Cast" and n.input[0] == "relu_out"]
+    assert trtsim.simulate(q).summary["reformats_inside"] == 0
+
+
 def test_fp32_leaves_no_float16_and_opset_alone():
     m = motifs.residual_add()
     r = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")

@@ -205,6 +205,8 @@ class _Retyper:
                 have = produced.get(t.name, F32 if t.name in graph_inputs and self._is_f32(t) else None)
                 if have is None:
                     continue
+                if self.vocab.is_(node, "shape_of"):
+                    continue                # reads the shape only: a Cast would be a float consumer for nothing
                 want = self.required(node, slot)
                 if want != have:
                     node.inputs[slot] = self._cast(t, want)

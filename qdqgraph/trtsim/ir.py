@@ -155,6 +155,8 @@ class SimGraph:
             for o in n.outputs:
                 if o:
                     producer[o] = n
+            if self.vocab.is_(n, "shape_of"):
+                continue      # reads dimensions only: no precision constraint on its input, no data edge
             for i, t in enumerate(n.inputs):
                 if t:
                     consumers.setdefault(t, []).append((n, i))
