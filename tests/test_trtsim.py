@@ -221,3 +221,16 @@ def test_resnet_report_does_not_depend_on_node_order():
     reference = trtsim.simulate(graph).to_json()
     random.Random(7).shuffle(graph.nodes)
     assert trtsim.simulate(graph).to_json() == reference
+
+
+def test_a_tensor_read_only_by_shape_keeps_its_producer():
+    """A Shape puts no precision constraint on what it reads, but its producer is still computed:
+    a conv whose output only a Shape reads (silero's decoder picks a branch from it) is a layer."""
+    from onnx import TensorProto
+    g = motifs.G("shape_only")
+    x = g.input("x", ["n", 8, 4, 4])
+    c = g.conv(x, 8, 8, "conv")
+    g.node("Cast", [g.node("Shape", [c], name="shape")], ["y"], name="cast", to=TensorProto.FLOAT)
+    g.output("y")
+    report = trtsim.simulate(g.model())
+    assert report.layer_of("conv") is not None, report.table()

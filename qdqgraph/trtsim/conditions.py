@@ -56,7 +56,7 @@ def c_sole_equal_q_consumers(ctx, node, arg):
     """Every consumer of every used output is a Q, all with identical parameters (R5-b, R5-c)."""
     g, qs = ctx.g, []
     for o in node.outputs:
-        cons = g.consumers(o) if o else []
+        cons = g.data_consumers(o) if o else []
         for c, _ in cons:
             if c.role != Q:
                 return False, f"output {o} also feeds {_desc(c)}, a float consumer (R5-b)"
@@ -234,7 +234,7 @@ def c_sole_consumer(ctx, node, arg):
         return False, "not reached from a layer"
     if g.is_graph_output(t):
         return False, f"{t} is a graph output"
-    others = [c for c, _ in g.consumers(t) if c is not node]
+    others = [c for c, _ in g.data_consumers(t) if c is not node]
     if others:
         return False, f"{t} also feeds {', '.join(_desc(c) for c in others)}; a layer has one output precision"
     return True, ""
@@ -337,7 +337,7 @@ def c_sole_q_output(ctx, node, arg):
     o = outs[0]
     if g.is_graph_output(o):
         return False, f"its output {o} is a graph output"
-    cons = g.consumers(o)
+    cons = g.data_consumers(o)
     if len(cons) != 1 or cons[0][0].role != Q:
         names = ", ".join(_desc(c) for c, _ in cons) or "nothing"
         return False, f"its output feeds {names}, not one Q: a non-weighted op with INT8 inputs needs an INT8 output (F4)"
@@ -369,9 +369,9 @@ def c_feeds_fc(ctx, node, arg):
     outs = [o for o in node.outputs if o]
     if len(outs) != 1 or g.is_graph_output(outs[0]):
         return False, "its output is not a single internal tensor"
-    cons = g.consumers(outs[0])
+    cons = g.data_consumers(outs[0])
     if len(cons) == 1 and cons[0][0].role == DQ and not g.is_graph_output(cons[0][0].outputs[0]):
-        cons = g.consumers(cons[0][0].outputs[0])
+        cons = g.data_consumers(cons[0][0].outputs[0])
     if not cons or any(i != 0 or not any(g.vocab.is_(c, k) for k in classes) for c, i in cons) or len(cons) != 1:
         return False, f"its output does not feed one {'/'.join(classes)} input"
     return True, ""

@@ -192,8 +192,8 @@ class Fuser:
             return
         g = self.g
         out = node.outputs[0]
-        nxt = g.consumers(out)[0][0]
-        target = g.consumers(nxt.outputs[0])[0][0] if nxt.role == DQ else nxt
+        nxt = g.data_consumers(out)[0][0]
+        target = g.data_consumers(nxt.outputs[0])[0][0] if nxt.role == DQ else nxt
         layer = self.owner.get(target.name)
         if layer is None:
             return
@@ -220,7 +220,7 @@ class Fuser:
             self.absorb_dq(layer, d, node)
             layer.inputs.append(d.inputs[0])
         self.own(layer, node)
-        q = g.consumers(node.outputs[0])[0][0]
+        q = g.data_consumers(node.outputs[0])[0][0]
         self.own(layer, q, rule.id)
         layer.out, layer.out_int8 = q.outputs[0], True
         self.tail(layer)

@@ -155,8 +155,6 @@ class SimGraph:
             for o in n.outputs:
                 if o:
                     producer[o] = n
-            if self.vocab.is_(n, "shape_of"):
-                continue      # reads dimensions only: no precision constraint on its input, no data edge
             for i, t in enumerate(n.inputs):
                 if t:
                     consumers.setdefault(t, []).append((n, i))
@@ -173,6 +171,11 @@ class SimGraph:
         if self._index is None:
             self._build_index()
         return list(self._index[1].get(tensor, ()))
+
+    def data_consumers(self, tensor: str) -> list[tuple[SNode, int]]:
+        """Consumers that read the tensor's values: a Shape reads its dimensions only, so it puts no
+        precision constraint on the tensor (it still keeps its producer alive)."""
+        return [(c, i) for c, i in self.consumers(tensor) if not self.vocab.is_(c, "shape_of")]
 
     def data_inputs(self, node: SNode) -> list[str]:
         """Inputs that carry activations: float or INT8, not constants, not folded weights (an
