@@ -4,7 +4,8 @@
 tensors picked by a seeded generator: weighted ops (Conv with or without bias, grouped/depthwise,
 followed by BatchNormalization; ConvTranspose; Gemm with transB; MatMul with a constant), pointwise
 activations, residual Adds, SE-block Muls, pooling, Concat, Reshape/Transpose/Flatten, Softmax, and
-integer paths (Shape -> Gather -> Concat -> Reshape, ArgMax -> Cast, a bool mask into Where). The
+integer paths (Shape -> Gather -> Concat -> Reshape, ArgMax -> Cast, a bool mask into Where, a one-hot
+into a MatMul), Identity/Dropout no-ops, and a nearest Resize read by a strided conv. The
 batch dim is dynamic in some graphs. Shapes stay small so that one example runs in well under a
 second. `models()` is the hypothesis strategy; benchmarks/fuzz.py draws from the same generator.
 """
@@ -18,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 STEPS = ("conv", "conv_bn", "depthwise", "convtranspose", "relu", "sigmoid", "add", "se", "maxpool", "avgpool",
          "concat", "transpose", "gap_gemm", "matmul", "softmax", "reshape_int_path", "argmax_cast", "where_mask",
-         "leaky")
+         "leaky", "noop", "resize_conv", "onehot_matmul")
 
 
 @dataclass
@@ -156,6 +157,33 @@ class _Builder:
         y = self.node("Where", [mask, x, self.const("fill", np.array(0, np.float32))], "where")
         (self.images if (x, c) in self.images else self.flats).append((y, c))
 
+    def noop(self):
+        pool = self.images + self.flats
+        x, c = self.pick(pool)
+        op = "Identity" if self.rng.random() < 0.5 else "Dropout"
+        y = self.node(op, [x], op.lower())
+        (self.images if (x, c) in self.images else self.flats).append((y, c))
+
+    def resize_conv(self):
+        x, c = self.pick(self.images)
+        up = self.node("Resize", [x, "", self.const("sc", np.array([1, 1, 2, 2], np.float32))], "resize",
+                       mode="nearest")
+        cout = int(self.rng.choice([4, 8]))
+        y = self.node("Conv", [up, self.weight(cout, c, 3, 3)], "down", kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                      strides=[2, 2])
+        self.images.append((y, cout))
+
+    def onehot_matmul(self):
+        if not self.flats:
+            self.gap_gemm()
+        x, f = self.pick(self.flats)
+        idx = self.node("ArgMax", [x], "oh_argmax", axis=1, keepdims=1)
+        hot = self.node("Cast", [self.node("Equal", [idx, self.const("vocab", np.arange(f, dtype=np.int64))], "oh_eq")],
+                        "onehot", to=TensorProto.FLOAT)
+        out = int(self.rng.choice([6, 12]))
+        w = self.const("ow", (self.rng.standard_normal((f, out)) / np.sqrt(f)).astype(np.float32))
+        self.flats.append((self.node("MatMul", [hot, w], "oh_matmul"), out))
+
     def apply(self, step: str):
         dispatch = {
             "conv": lambda: self.conv(), "conv_bn": lambda: self.conv(bn=True), "depthwise": lambda: self.conv(depthwise=True),
@@ -164,7 +192,8 @@ class _Builder:
             "maxpool": lambda: self.pool("MaxPool"), "avgpool": lambda: self.pool("AveragePool"),
             "concat": self.concat, "transpose": self.transpose, "gap_gemm": self.gap_gemm, "matmul": self.matmul,
             "softmax": self.softmax, "reshape_int_path": self.reshape_int_path, "argmax_cast": self.argmax_cast,
-            "where_mask": self.where_mask,
+            "where_mask": self.where_mask, "noop": self.noop, "resize_conv": self.resize_conv,
+            "onehot_matmul": self.onehot_matmul,
         }
         dispatch[step]()
 
