@@ -109,10 +109,14 @@ def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = DEFAULT_METHOD
         report.method = method
     if keep_states:
         return got
-    amax = amax_from_states(got.states, method, percentile)
-    for rep, members in groups.items():      # ranges the graph fixes (a one-hot's 1.0) are not estimated
+    return exact_ranges(plan, amax_from_states(got.states, method, percentile))
+
+
+def exact_ranges(plan: Plan, amax: dict[str, float]) -> dict[str, float]:
+    """`amax` with the ranges the graph fixes (a one-hot's 1.0) in place of estimated or cached ones."""
+    for rep, members in plan.groups().items():
         exact = [plan.sites[t].exact_amax for t in members]
-        if all(e is not None for e in exact):
+        if rep in amax and all(e is not None for e in exact):
             amax[rep] = max(exact)
     return amax
 
