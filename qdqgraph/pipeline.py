@@ -132,7 +132,7 @@ def _amax_from_cache(plan: Plan, path) -> dict[str, float]:
             raise QdqError(f"calibration cache {path} has no range for tensor '{rep}'",
                            "recalibrate, or pass a cache made for this model")
         out[rep] = max(found)
-    return out
+    return exact_ranges(plan, out)
 
 
 def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(), float_nodes=(),

@@ -214,3 +214,8 @@ def test_a_rare_one_hot_keeps_amax_one_whatever_the_method():
         r = qdqgraph.quantize(m, data, method=method, high_precision="fp32")
         s = {i.name: i for i in r.model.graph.initializer}["onehot_out_scale"]
         assert np.isclose(onnx.numpy_helper.to_array(s), 1.0 / 127), method
+    # a calibration cache (say, merged from shards, whose states know nothing of the graph) with a
+    # clipped range for the one-hot: insertion still uses the range the graph fixes
+    r = qdqgraph.quantize(m, calib_cache={"onehot_out": 0.25}, high_precision="fp32")
+    s = {i.name: i for i in r.model.graph.initializer}["onehot_out_scale"]
+    assert np.isclose(onnx.numpy_helper.to_array(s), 1.0 / 127)
