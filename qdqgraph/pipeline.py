@@ -202,12 +202,13 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz (or --calib random to insert Q/DQ with meaningless scales)")
     fallback = accuracy_budget is not None or max_float_layers is not None
-    if fallback and (calib is None or (isinstance(calib, str) and calib == "random")):
+    real_data = calib is not None and not (isinstance(calib, str) and calib == "random")
+    if fallback and not real_data:
         raise QdqError("an accuracy budget needs real calibration data to measure against",
                        "pass --calib DATA.npz")
-    if bias_correction and (calib is None or (isinstance(calib, str) and calib == "random")):
+    if bias_correction and not real_data:
         raise QdqError("bias correction needs calibration data", "pass --calib DATA.npz")
-    if smooth_quant is not None and (calib is None or (isinstance(calib, str) and calib == "random")):
+    if smooth_quant is not None and not real_data:
         raise QdqError("--smooth-quant needs calibration data to measure channel ranges", "pass --calib DATA.npz")
     if smooth_quant is not None and not 0.0 <= smooth_quant <= 1.0:
         raise QdqError(f"--smooth-quant alpha must be in [0, 1], got {smooth_quant}", "use 0.5 (the default)")
@@ -225,7 +226,6 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     else:
         amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress,
                          preprocess=preprocess)
-    real_data = calib is not None and not (isinstance(calib, str) and calib == "random")
     means = None
     if bias_correction:
         from .passes.bias_correction import correct_biases, input_means
