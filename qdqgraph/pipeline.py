@@ -217,9 +217,9 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     loaded, plan = prepare(model, report=report, **selection)
     if smooth_quant is not None:
         from .passes.smooth import channel_ranges, smooth, targets
-        tensors = sorted(targets(loaded.graph, plan))
-        ranges = channel_ranges(loaded, tensors, calibration_data(loaded, calib, samples, preprocess=preprocess))
-        report.smoothed = smooth(loaded.graph, plan, ranges, smooth_quant).smoothed
+        found = targets(loaded.graph, plan)
+        ranges = channel_ranges(loaded, sorted(found), calibration_data(loaded, calib, samples, preprocess=preprocess))
+        report.smoothed = smooth(loaded.graph, found, ranges, smooth_quant).smoothed
         plan = replan(loaded, **selection)
     if calib_cache is not None:
         amax = _amax_from_cache(plan, calib_cache)

@@ -46,7 +46,7 @@ def test_smoothing_keeps_the_float_function_and_flattens_the_channels():
     assert sorted(n.name for n in found["x"]) == ["mm1", "mm2"]
     ranges = channel_ranges(loaded, ["x"], calibration_data(loaded, data()))
     before = io.to_model(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version))
-    res = smooth(loaded.graph, plan, ranges, 0.5)
+    res = smooth(loaded.graph, found, ranges, 0.5)
     assert res.smoothed == {"x": ["mm1", "mm2"]} and res.max_ratio["x"] > 20
     after = io.to_model(loaded)
     feed = {"x": data(1, seed=5)["x"][0]}

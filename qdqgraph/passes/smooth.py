@@ -80,14 +80,16 @@ def channel_ranges(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
     return out
 
 
-def smooth(graph: gs.Graph, plan: Plan, ranges: dict[str, np.ndarray], alpha: float = DEFAULT_ALPHA) -> SmoothResult:
-    """Insert Mul(x, 1/s) in front of each target group and scale the weights' rows by s. In place."""
+def smooth(graph: gs.Graph, found: dict[str, list[gs.Node]], ranges: dict[str, np.ndarray],
+           alpha: float = DEFAULT_ALPHA) -> SmoothResult:
+    """Insert Mul(x, 1/s) in front of each group of `found` (from `targets`) and scale the weights'
+    rows by s. In place."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     view = GraphView(graph)
     tensors = graph.tensors()
     result = SmoothResult()
-    for name, nodes in sorted(targets(graph, plan).items()):
+    for name, nodes in sorted(found.items()):
         ax = ranges.get(name)
         if ax is None:
             continue
