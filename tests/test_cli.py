@@ -130,6 +130,17 @@ def test_no_calibration_refused_and_random_warns(model_and_data, capsys):
     assert "random data" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,words", [(["--calib", "random", "--smooth-quant"], "needs calibration data"),
+                                        (["--smooth-quant", "2"], "alpha must be in [0, 1]")])
+def test_bad_smooth_quant_is_one_line_and_writes_nothing(model_and_data, capsys, args, words):
+    mp, dp = model_and_data
+    before = files(mp.parent)
+    argv = ["insert", str(mp)] + (args if "--calib" in args else ["--calib", str(dp)] + args)
+    assert main(argv) == 2
+    assert words in one_error_line(capsys)
+    assert files(mp.parent) == before
+
+
 def test_unwritable_output_folder(model_and_data, capsys, tmp_path, monkeypatch):
     mp, dp = model_and_data
     ro = tmp_path / "ro"
