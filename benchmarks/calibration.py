@@ -2,13 +2,14 @@
 plain inference, onnxruntime's quantize_static calibrators and Model Optimizer, in one run.
 
     .venv/bin/python benchmarks/calibration.py [--model /tmp/qdqgraph-tv/models/resnet50.onnx]
-        [--sizes 64,512] [--batches 1,8] [--tools plain,max,entropy,percentile,mse,ort-minmax,ort-entropy,
-        ort-percentile,modelopt] [--modelopt-python /tmp/mo-venv/bin/python] [--memory-gb 20]
+        [--sizes 64,512] [--batches 1,8] [--tools plain,max,entropy,entropy-nokernel,percentile,mse,ort-minmax,
+        ort-entropy,ort-percentile,modelopt] [--modelopt-python /tmp/mo-venv/bin/python] [--memory-gb 20]
 
 Every configuration runs in its own process, which reports its wall time (the calibration step, not
 the import or the data generation) and its peak RSS (ru_maxrss). For qdqgraph the wall time covers
 loading, planning, the onnxruntime session and the thresholds; "loop" is the pass over the samples
-alone, the part that grows with N (plain inference is timed as a loop over the samples too). The samples (random, seeded,
+alone, the part that grows with N (plain inference is timed as a loop over the samples too).
+"entropy-nokernel" is qdqgraph entropy as it runs where no C compiler built the histogram kernel. The samples (random, seeded,
 1x3x224x224) are written to a folder of one .npz per 8 samples, which every tool streams. Sizes
 whose predicted memory exceeds --memory-gb are skipped and said so: onnxruntime's histogram
 calibrators keep every batch's activations (about 110 MB per sample on ResNet-50). Ratios are to
@@ -58,10 +59,14 @@ if tool == "plain":
 elif tool.startswith("qdq-"):
     from qdqgraph.pipeline import calibrate, prepare
     from qdqgraph.report import InsertReport
+    method, _, variant = tool[4:].partition("+")
+    if variant == "nokernel":      # bin inside onnxruntime and count with numpy, as without a C compiler
+        import qdqgraph.calib.collect
+        qdqgraph.calib.collect.COMPILED = False
     t = time.perf_counter()
     loaded, plan = prepare(model)
     rep = InsertReport()
-    amax = calibrate(loaded, plan, str(folder), tool[4:], batch_size=batch, report=rep)
+    amax = calibrate(loaded, plan, str(folder), method, batch_size=batch, report=rep)
     seconds = time.perf_counter() - t
     loop = rep.calibration_seconds
 elif tool.startswith("ort-"):
@@ -113,7 +118,7 @@ def main() -> int:
     ap.add_argument("--model", default="/tmp/qdqgraph-tv/models/resnet50.onnx")
     ap.add_argument("--sizes", default="64,512")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--tools", default="plain,max,entropy,percentile,mse,ort-minmax,ort-entropy,ort-percentile,modelopt")
+    ap.add_argument("--tools", default="plain,max,entropy,entropy-nokernel,percentile,mse,ort-minmax,ort-entropy,ort-percentile,modelopt")
     ap.add_argument("--modelopt-python", default="/tmp/mo-venv/bin/python")
     ap.add_argument("--memory-gb", type=float, default=20.0)
     args = ap.parse_args()
@@ -134,6 +139,8 @@ def main() -> int:
                     label, python, extra, key = tool, sys.executable, [], tool
                     if tool in QDQ_METHODS:
                         label, key = f"qdqgraph {tool}", f"qdq-{tool}"
+                    elif tool.endswith("-nokernel") and tool[:-9] in QDQ_METHODS:
+                        label, key = f"qdqgraph {tool[:-9]}, no compiled kernel", f"qdq-{tool[:-9]}+nokernel"
                     elif tool in ORT_METHODS:
                         label = f"onnxruntime {ORT_METHODS[tool]}"
                         extra = [ORT_METHODS[tool]]

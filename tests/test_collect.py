@@ -1,11 +1,13 @@
-"""Calibration collection: the in-graph binning equals numpy binning exactly; batching and shared
-groups; max state."""
+"""Calibration collection: both ways of binning (the compiled kernel on raw tensors, and indices
+computed inside onnxruntime) equal numpy binning exactly; batching and shared groups; max state."""
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 import motifs
 from qdqgraph import io
+from qdqgraph.calib import collect as collect_module
+from qdqgraph.calib import histogram as histogram_module
 from qdqgraph.calib.collect import collect
 from qdqgraph.calib.histogram import RangeState
 from qdqgraph.data import CalibrationData
@@ -34,8 +36,17 @@ def reference_states(loaded, groups, data):
     return states
 
 
+@pytest.fixture(params=["kernel", "in-graph"])
+def binning(request, monkeypatch):
+    """Run a collection test once per binning path."""
+    if request.param == "kernel" and not histogram_module.COMPILED:
+        pytest.skip("the compiled histogram kernel was not built (no C compiler at install)")
+    monkeypatch.setattr(collect_module, "COMPILED", request.param == "kernel")
+    return request.param
+
+
 @pytest.mark.parametrize("name", ["residual_add", "concat_of_pools", "attention"])
-def test_in_graph_histograms_equal_numpy_reference(name):
+def test_histograms_equal_numpy_reference(name, binning):
     m = motifs.ALL[name]()
     loaded, plan = prepared(m)
     arrays = motifs.sample_data(m, n=12)
@@ -47,18 +58,19 @@ def test_in_graph_histograms_equal_numpy_reference(name):
     data = CalibrationData(arrays, inputs)
     got = collect(loaded, plan.groups(), data, method="entropy")
     ref = reference_states(loaded, plan.groups(), data)
-    assert got.samples == 12 and got.runs == 13  # one extra run on the first batch to learn ranges
+    # the in-graph path runs the first batch once more to learn the ranges its index graph needs
+    assert got.samples == 12 and got.runs == (12 if binning == "kernel" else 13)
     for rep in plan.groups():
         a, b = got.states[rep], ref[rep]
-        # numpy's update sets each range from the first batch and doubles it as needed; so does
-        # the in-graph path, so the widths, counts and maxima agree exactly
+        # numpy's update sets each range from the first batch and doubles it as needed; so do
+        # both paths, with the same float32 arithmetic, so the widths, counts and maxima agree exactly
         assert a.width == b.width, rep
         np.testing.assert_array_equal(a.counts, b.counts)
         assert a.amax == pytest.approx(b.amax, rel=0, abs=0)
         assert a.count == b.count
 
 
-def test_batching_gives_the_same_histograms():
+def test_batching_gives_the_same_histograms(binning):
     m = motifs.residual_add()
     loaded, plan = prepared(m)
     arrays = motifs.sample_data(m, n=8)
@@ -88,7 +100,7 @@ def test_max_method_equals_numpy_max():
         assert got.states[rep].amax == ref[rep].amax
 
 
-def test_concat_group_has_one_state():
+def test_concat_group_has_one_state(binning):
     m = motifs.concat_of_pools()
     loaded, plan = prepared(m)
     groups = plan.groups()
@@ -109,7 +121,7 @@ def _big_map_model():
 
 
 @pytest.mark.parametrize("stride", [1, 2, 3])
-def test_large_maps_are_histogrammed_on_the_stride_subsample(stride):
+def test_large_maps_are_histogrammed_on_the_stride_subsample(stride, binning):
     """40x40 maps (>= SUBSAMPLE_MIN_HW): the in-graph histogram equals numpy's histogram of
     x[:, :, ::stride, ::stride]; stride 1 is every value; the max method always sees every value."""
     m = _big_map_model()
@@ -131,3 +143,25 @@ def test_large_maps_are_histogrammed_on_the_stride_subsample(stride):
         assert got.states[rep].count == ref[rep].count
     exact = collect(loaded, plan.groups(), data, method="max")
     assert {r: exact.states[r].amax for r in plan.groups()} == full_max
+
+
+def test_planned_tensor_that_is_also_a_model_output(binning):
+    """A quantized tensor that the model already outputs (and a graph input, read from the feed)
+    is binned once, with the model's own outputs untouched."""
+    g = motifs.G("output_too")
+    x = g.input("x", [1, 16, 8, 8])
+    y = g.node("Relu", [g.conv(x, 16, 32, "c1")], ["mid"], name="r1")
+    g.node("Conv", [y, g.weight("w2", (32, 32, 3, 3))], ["y"], name="c2", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.output("mid")
+    g.output("y")
+    m = g.model()
+    loaded, plan = prepared(m)
+    groups = plan.groups()
+    assert any("mid" in members for members in groups.values())
+    data = CalibrationData(motifs.sample_data(m, n=4), model_inputs(loaded.graph))
+    got = collect(loaded, groups, data, method="percentile")
+    assert [o.name for o in loaded.graph.outputs] == ["mid", "y"]
+    ref = reference_states(loaded, groups, data)
+    for rep in groups:
+        np.testing.assert_array_equal(got.states[rep].counts, ref[rep].counts)
+        assert got.states[rep].amax == ref[rep].amax and got.states[rep].count == ref[rep].count

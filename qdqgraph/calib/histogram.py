@@ -30,10 +30,12 @@ pair-merged lands in exactly the bin it would have got at width 2w. Hence a run'
 not depend on how its data was cut into batches once the final width is the same, and
 `merge()` of two runs with equal widths (or widths a power of two apart) is exact.
 
-Speed: `update` is abs, max, one multiply, a float->int32 cast and `np.bincount`, with no
-`np.histogram` (which took 5 ms for the same work). Measured on the development machine (2 shared
-CPUs; min / median of 100+ calls): 1.45 / 1.6 ms per update for a 1x256x56x56 float32 tensor
-(802,816 values) and 16 / 17 us for a 1x2048 float32 tensor.
+Speed: for float32 data `update` calls the compiled kernel `_abshist` (built from
+`_abshist.c` at install when a C compiler is there): one pass that finds max |x| and counts the
+indices with the same float32 arithmetic, releasing the GIL. Without it, numpy does abs, max, one
+multiply, a float->int32 cast and `np.bincount` (never `np.histogram`, 7x slower). Measured on
+the development machine (2 shared CPUs, best of 5x20 calls, a 1x256x56x56 float32 tensor):
+0.91 ms per update with the kernel (1.1 ns per value), 1.78 ms with numpy (2.2 ns per value).
 """
 from __future__ import annotations
 
@@ -41,6 +43,12 @@ import math
 
 import numpy as np
 
+try:
+    from . import _abshist
+except ImportError:                  # no C compiler at install: numpy counts instead
+    _abshist = None
+
+COMPILED = _abshist is not None      # is the compiled kernel in use?
 DEFAULT_NUM_BINS = 2048
 MIN_RANGE = 2.0 ** -24          # narrowest histogram range (see the module docstring)
 _FORMAT = "qdqgraph-range-state"
@@ -115,13 +123,39 @@ class RangeState:
             a = a.astype(np.float64)
         elif a.dtype.itemsize < 4:
             a = a.astype(np.float32)
-        ftype = a.dtype.type
-        y = np.abs(a.reshape(-1))        # a new array: the caller's data is never modified or kept
-        m = y.max()
+        if _abshist is not None and a.dtype == np.float32:
+            m = self._update_compiled(np.ascontiguousarray(a))
+        else:
+            m = self._update_numpy(a)
+        self.count += int(a.size)
+        self.amax = max(self.amax, m)
+
+    @staticmethod
+    def _finite(m) -> float:
         if not np.isfinite(m):           # max propagates NaN, and +Inf is its own max
             bad = "NaN" if np.isnan(m) else "Inf"
             raise ValueError(f"non-finite values ({bad}) in calibration data")
-        inv = self._fit(float(m), ftype)
+        return float(m)
+
+    def _update_compiled(self, a: np.ndarray) -> float:
+        """One pass when the batch fits the current range (the usual case after the first few
+        batches), two when the range must be set or grown first."""
+        if self.width > 0.0:
+            m, fits = _abshist.abs_hist(a, float(self._inv(np.float32)), self.counts)
+        else:
+            m, fits = _abshist.abs_max(a), False
+        m = self._finite(m)
+        if not fits:
+            _, fits = _abshist.abs_hist(a, float(self._fit(m, np.float32)), self.counts)
+            if not fits:                 # _fit makes m fit with this same arithmetic
+                raise AssertionError("histogram range does not hold the batch maximum")
+        return m
+
+    def _update_numpy(self, a: np.ndarray) -> float:
+        ftype = a.dtype.type
+        y = np.abs(a.reshape(-1))        # a new array: the caller's data is never modified or kept
+        m = self._finite(y.max())
+        inv = self._fit(m, ftype)
         np.multiply(y, inv, out=y)
         idx = y.astype(np.int32 if self.num_bins < 2 ** 31 else np.int64)
         hist = np.bincount(idx, minlength=self.num_bins)
@@ -129,8 +163,7 @@ class RangeState:
             hist[self.num_bins - 1] += hist[self.num_bins:].sum()
             hist = hist[:self.num_bins]
         self.counts += hist
-        self.count += int(a.size)
-        self.amax = max(self.amax, float(m))
+        return m
 
     def prepare(self, m: float) -> np.float32:
         """Make the range hold max |x| = `m` (set on first use, grown after) and return the float32

@@ -1,0 +1,174 @@
+/* Histogram of |x| for calibration: the one loop numpy cannot do in a single pass.
+ *
+ * RangeState.update (histogram.py) bins a float32 tensor as floor(|x| * inv) with inv the float32
+ * 1/width; numpy needs abs, multiply, a float->int cast and np.bincount, four passes and two
+ * temporaries. These two functions do the same arithmetic (a float32 multiply, truncation toward
+ * zero, which is floor for |x| >= 0) straight from the tensor, so the counts are bit-for-bit those
+ * of the numpy path. Both release the GIL: the calibration worker counts one batch while
+ * onnxruntime runs the next.
+ *
+ *   abs_max(buf) -> float           max |x| of a float32 buffer; nan if any value is NaN, inf if any
+ *                                   is +-inf; 0.0 for an empty buffer
+ *   abs_hist(buf, inv, counts)      -> (max |x|, fits): in one pass over the data, when every index
+ *                                   floor(|x| * inv) is below num_bins (the length of counts, a
+ *                                   writable int64 buffer) and no value is NaN, counts[index] += 1 for
+ *                                   each value and fits is True; otherwise counts is left as it was,
+ *                                   so the caller grows the range to hold max |x| and calls again
+ *
+ * Built as an optional extension (setup.py); histogram.py falls back to numpy without it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 4                       /* sub-histograms: consecutive values rarely hit one counter */
+#define FLUSH_EVERY ((Py_ssize_t)1 << 30)  /* values per lane before uint32 counters could wrap */
+
+static int get_floats(PyObject *obj, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (view->itemsize != 4 || view->format == NULL || strcmp(view->format, "f") != 0) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_TypeError, "expected a C-contiguous float32 buffer");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *abs_max(PyObject *self, PyObject *args)
+{
+    PyObject *obj;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "O", &obj) || get_floats(obj, &view) < 0)
+        return NULL;
+    const float *x = (const float *)view.buf;
+    Py_ssize_t n = view.len / 4;
+    float m = 0.0f;
+    int nan = 0;
+    Py_BEGIN_ALLOW_THREADS
+    float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f;
+    int n0 = 0;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {      /* four accumulators: the compiler vectorizes this */
+        float a0 = fabsf(x[i]), a1 = fabsf(x[i + 1]), a2 = fabsf(x[i + 2]), a3 = fabsf(x[i + 3]);
+        n0 |= (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
+        m0 = a0 > m0 ? a0 : m0;
+        m1 = a1 > m1 ? a1 : m1;
+        m2 = a2 > m2 ? a2 : m2;
+        m3 = a3 > m3 ? a3 : m3;
+    }
+    for (; i < n; i++) {
+        float a = fabsf(x[i]);
+        n0 |= (a != a);
+        m0 = a > m0 ? a : m0;
+    }
+    m = m0 > m1 ? m0 : m1;
+    m = m > m2 ? m : m2;
+    m = m > m3 ? m : m3;
+    nan = n0;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyFloat_FromDouble(nan ? (double)NAN : (double)m);
+}
+
+static PyObject *abs_hist(PyObject *self, PyObject *args)
+{
+    PyObject *obj, *cobj;
+    float inv;
+    Py_buffer view, cview;
+    if (!PyArg_ParseTuple(args, "OfO", &obj, &inv, &cobj) || get_floats(obj, &view) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(cobj, &cview, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (cview.itemsize != 8 || cview.format == NULL
+            || (strcmp(cview.format, "q") != 0 && strcmp(cview.format, "l") != 0) || cview.len < 8) {
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&cview);
+        PyErr_SetString(PyExc_TypeError, "counts must be a writable, non-empty C-contiguous int64 buffer");
+        return NULL;
+    }
+    const float *x = (const float *)view.buf;
+    Py_ssize_t n = view.len / 4;
+    int64_t *counts = (int64_t *)cview.buf;
+    Py_ssize_t bins = cview.len / 8;
+    uint32_t *lanes = (uint32_t *)calloc((size_t)bins * LANES, sizeof(uint32_t));
+    int64_t *acc = (int64_t *)calloc((size_t)bins, sizeof(int64_t));
+    if (lanes == NULL || acc == NULL) {
+        free(lanes);
+        free(acc);
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&cview);
+        return PyErr_NoMemory();
+    }
+    float m = 0.0f;
+    int nan = 0, fits = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const uint32_t last = (uint32_t)(bins - 1);
+    uint32_t *h0 = lanes, *h1 = lanes + bins, *h2 = lanes + 2 * bins, *h3 = lanes + 3 * bins;
+    float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f;
+    int n0 = 0;
+    Py_ssize_t start = 0;
+    while (start < n) {
+        Py_ssize_t stop = n - start > FLUSH_EVERY ? start + FLUSH_EVERY : n;
+        Py_ssize_t i = start;
+        for (; i + 4 <= stop; i += 4) {
+            float a0 = fabsf(x[i]), a1 = fabsf(x[i + 1]), a2 = fabsf(x[i + 2]), a3 = fabsf(x[i + 3]);
+            n0 |= (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
+            m0 = a0 > m0 ? a0 : m0;
+            m1 = a1 > m1 ? a1 : m1;
+            m2 = a2 > m2 ? a2 : m2;
+            m3 = a3 > m3 ? a3 : m3;
+            /* |x| * inv in float32, truncated: floor for non-negative values, as numpy's astype;
+               out-of-range indices are clamped only to stay in bounds (such a call counts nothing) */
+            uint32_t k0 = (uint32_t)(int32_t)(a0 * inv), k1 = (uint32_t)(int32_t)(a1 * inv);
+            uint32_t k2 = (uint32_t)(int32_t)(a2 * inv), k3 = (uint32_t)(int32_t)(a3 * inv);
+            h0[k0 < last ? k0 : last]++;
+            h1[k1 < last ? k1 : last]++;
+            h2[k2 < last ? k2 : last]++;
+            h3[k3 < last ? k3 : last]++;
+        }
+        for (; i < stop; i++) {
+            float a = fabsf(x[i]);
+            n0 |= (a != a);
+            m0 = a > m0 ? a : m0;
+            uint32_t k = (uint32_t)(int32_t)(a * inv);
+            h0[k < last ? k : last]++;
+        }
+        for (Py_ssize_t b = 0; b < bins; b++)
+            acc[b] += (int64_t)h0[b] + h1[b] + h2[b] + h3[b];
+        memset(lanes, 0, (size_t)bins * LANES * sizeof(uint32_t));
+        start = stop;
+    }
+    m = m0 > m1 ? m0 : m1;
+    m = m > m2 ? m : m2;
+    m = m > m3 ? m : m3;
+    nan = n0;
+    /* the largest value has the largest index: the batch fits when its index is in range */
+    fits = !nan && (m * inv) < (float)bins;
+    if (fits)
+        for (Py_ssize_t b = 0; b < bins; b++)
+            counts[b] += acc[b];
+    Py_END_ALLOW_THREADS
+    free(lanes);
+    free(acc);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&cview);
+    return Py_BuildValue("(dO)", nan ? (double)NAN : (double)m, fits ? Py_True : Py_False);
+}
+
+static PyMethodDef methods[] = {
+    {"abs_max", abs_max, METH_VARARGS, "max |x| of a C-contiguous float32 buffer (nan if any NaN)"},
+    {"abs_hist", abs_hist, METH_VARARGS,
+     "abs_hist(x, inv, counts) -> (amax, fits): counts[floor(|x| * inv)] += 1 if every index fits"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_abshist", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__abshist(void) { return PyModule_Create(&module); }
