@@ -165,3 +165,29 @@ def test_planned_tensor_that_is_also_a_model_output(binning):
     for rep in groups:
         np.testing.assert_array_equal(got.states[rep].counts, ref[rep].counts)
         assert got.states[rep].amax == ref[rep].amax and got.states[rep].count == ref[rep].count
+
+
+def test_bound_outputs_follow_input_shape_changes():
+    """Outputs bound once per input shape: a new shape (dynamic dims, a last short batch) rebinds,
+    and every run returns exactly what a plain run returns."""
+    from qdqgraph.calib.collect import _BoundOutputs, raw_graph
+    from qdqgraph.runtime import session
+    g = motifs.G("dyn")
+    x = g.input("x", ["n", 16, "h", "w"])
+    y = g.node("Relu", [g.conv(x, 16, 32, "c1")], ["mid"], name="r1")
+    g.node("Conv", [y, g.weight("w2", (32, 32, 3, 3))], ["y"], name="c2", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.output("y")
+    loaded, plan = prepared(g.model())
+    graph, fetch = raw_graph(loaded.graph, ["mid"])
+    sess = session(io.to_model(io.Loaded(graph=graph, ir_version=loaded.ir_version)), ["CPUExecutionProvider"])
+    bound = _BoundOutputs(sess, [fetch["mid"]])
+    rng = np.random.default_rng(0)
+    last = None
+    for shape in [(1, 16, 8, 8), (1, 16, 8, 8), (2, 16, 5, 7), (2, 16, 5, 7), (1, 16, 8, 8)]:
+        feed = {"x": rng.standard_normal(shape).astype(np.float32)}
+        out = bound.run(feed, 0)
+        assert (out is bound.arrays) == (shape == last)      # a repeated shape ran into the bound arrays
+        last = shape
+        got = [a.copy() for a in out]
+        np.testing.assert_array_equal(got[0], sess.run([fetch["mid"]], feed)[0])
+        assert got[0].shape == (shape[0], 32, shape[2], shape[3])
