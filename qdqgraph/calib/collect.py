@@ -118,6 +118,8 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
             t = g.layer(op="Identity", name=f"qdqgraph_calib_copy_{i}", inputs=[t],
                         outputs=[gs.Variable(f"qdqgraph_calib_copy_{i}", dtype=t.dtype)])[0]
         if t not in g.outputs:
+            if t.dtype is None:          # after an op shape inference does not know (a custom op);
+                t.dtype = np.float32     # planned tensors are float, and onnxruntime checks the type
             g.outputs.append(t)
         fetch[name] = t.name
     return g, fetch
