@@ -74,9 +74,10 @@ def test_kernel_counts_nothing_when_a_value_does_not_fit():
     assert (m, fits) == (8.0, False) and counts.tolist() == [1, 0, 0, 0, 0, 0, 0, 1]
     m, fits = _abshist.abs_hist(np.array([1.0, np.nan], np.float32), 1.0, counts)
     assert np.isnan(m) and not fits and counts.sum() == 2
-    assert np.isnan(_abshist.abs_max(np.array([np.nan, 1.0], np.float32)))
-    assert _abshist.abs_max(np.array([-np.inf, 1.0], np.float32)) == np.inf
-    assert _abshist.abs_max(np.zeros(0, np.float32)) == 0.0
+    m, fits = _abshist.abs_hist(np.array([-np.inf, 1.0], np.float32), 1.0, counts)
+    assert m == np.inf and not fits and counts.sum() == 2
+    m, fits = _abshist.abs_hist(np.zeros(0, np.float32), 1.0, counts)
+    assert m == 0.0 and fits and counts.sum() == 2
 
 
 @needs_kernel

@@ -2,13 +2,10 @@
  *
  * RangeState.update (histogram.py) bins a float32 tensor as floor(|x| * inv) with inv the float32
  * 1/width; numpy needs abs, multiply, a float->int cast and np.bincount, four passes and two
- * temporaries. These two functions do the same arithmetic (a float32 multiply, truncation toward
+ * temporaries. This function does the same arithmetic (a float32 multiply, truncation toward
  * zero, which is floor for |x| >= 0) straight from the tensor, so the counts are bit-for-bit those
- * of the numpy path. Both release the GIL: the calibration worker counts one batch while
- * onnxruntime runs the next.
+ * of the numpy path. It releases the GIL, so one thread per core can each bin a tensor.
  *
- *   abs_max(buf) -> float           max |x| of a float32 buffer; nan if any value is NaN, inf if any
- *                                   is +-inf; 0.0 for an empty buffer
  *   abs_hist(buf, inv, counts)      -> (max |x|, fits): in one pass over the data, when every index
  *                                   floor(|x| * inv) is below num_bins (the length of counts, a
  *                                   writable int64 buffer) and no value is NaN, counts[index] += 1 for
@@ -37,42 +34,6 @@ static int get_floats(PyObject *obj, Py_buffer *view)
         return -1;
     }
     return 0;
-}
-
-static PyObject *abs_max(PyObject *self, PyObject *args)
-{
-    PyObject *obj;
-    Py_buffer view;
-    if (!PyArg_ParseTuple(args, "O", &obj) || get_floats(obj, &view) < 0)
-        return NULL;
-    const float *x = (const float *)view.buf;
-    Py_ssize_t n = view.len / 4;
-    float m = 0.0f;
-    int nan = 0;
-    Py_BEGIN_ALLOW_THREADS
-    float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f;
-    int n0 = 0;
-    Py_ssize_t i = 0;
-    for (; i + 4 <= n; i += 4) {      /* four accumulators: the compiler vectorizes this */
-        float a0 = fabsf(x[i]), a1 = fabsf(x[i + 1]), a2 = fabsf(x[i + 2]), a3 = fabsf(x[i + 3]);
-        n0 |= (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
-        m0 = a0 > m0 ? a0 : m0;
-        m1 = a1 > m1 ? a1 : m1;
-        m2 = a2 > m2 ? a2 : m2;
-        m3 = a3 > m3 ? a3 : m3;
-    }
-    for (; i < n; i++) {
-        float a = fabsf(x[i]);
-        n0 |= (a != a);
-        m0 = a > m0 ? a : m0;
-    }
-    m = m0 > m1 ? m0 : m1;
-    m = m > m2 ? m : m2;
-    m = m > m3 ? m : m3;
-    nan = n0;
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    return PyFloat_FromDouble(nan ? (double)NAN : (double)m);
 }
 
 static PyObject *abs_hist(PyObject *self, PyObject *args)
@@ -163,7 +124,6 @@ static PyObject *abs_hist(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"abs_max", abs_max, METH_VARARGS, "max |x| of a C-contiguous float32 buffer (nan if any NaN)"},
     {"abs_hist", abs_hist, METH_VARARGS,
      "abs_hist(x, inv, counts) -> (amax, fits): counts[floor(|x| * inv)] += 1 if every index fits"},
     {NULL, NULL, 0, NULL},

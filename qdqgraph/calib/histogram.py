@@ -142,8 +142,8 @@ class RangeState:
         batches), two when the range must be set or grown first."""
         if self.width > 0.0:
             m, fits = _abshist.abs_hist(a, float(self._inv(np.float32)), self.counts)
-        else:
-            m, fits = _abshist.abs_max(a), False
+        else:                            # first data: the range comes from this batch's max
+            m, fits = np.max(np.abs(a)), False
         m = self._finite(m)
         if not fits:
             _, fits = _abshist.abs_hist(a, float(self._fit(m, np.float32)), self.counts)
