@@ -34,6 +34,10 @@ def _add_insert(sub):
     p.add_argument("--smooth-quant", type=float, nargs="?", const=0.5, metavar="ALPHA",
                    help="migrate activation outliers of quantized MatMul/Gemm inputs into their weights "
                         "(SmoothQuant; alpha default 0.5, measured on --calib)")
+    p.add_argument("--fix-input", action="append", default=[], metavar="NAME=VALUE",
+                   help="make a model input a constant (a number, or a comma-separated list for a 1-D input), "
+                        "so the If nodes it selects are decided and their taken branch quantized; the written "
+                        "model no longer has that input (repeatable)")
     p.add_argument("--high-precision", default="fp16", choices=["fp16", "bf16", "fp32"],
                    help="type of the parts that stay float (default fp16: TensorRT runs a strongly typed "
                         "network in the types the ONNX gives; fp32 keeps them float32)")
@@ -66,6 +70,17 @@ def _add_runtime(p):
     p.add_argument("--providers", default="cpu", help="onnxruntime providers for calibration, e.g. cuda,cpu")
     p.add_argument("--custom-op-library", action="append", default=[], metavar="LIB.so",
                    help="onnxruntime custom-op library for models with custom-domain ops (repeatable)")
+
+
+def _fixed_inputs(specs: list[str]) -> dict:
+    from .passes.fix_inputs import parse_fixed
+    fixed = {}
+    for spec in specs:
+        name, values = parse_fixed(spec)
+        if name in fixed:
+            raise QdqError(f"--fix-input {name} is given twice", "give each input once")
+        fixed[name] = values[0] if len(values) == 1 else values
+    return fixed
 
 
 def _add_selection(p):
@@ -244,7 +259,8 @@ def _run_insert(args) -> int:
                       calib_cache=args.calib_cache, accuracy_budget=args.accuracy_budget,
                       max_float_layers=args.max_float_layers, sensitivity_samples=args.sensitivity_samples,
                       preprocess=args.preprocess, high_precision=args.high_precision,
-                      bias_correction=args.bias_correction, smooth_quant=args.smooth_quant, progress=progress)
+                      bias_correction=args.bias_correction, smooth_quant=args.smooth_quant,
+                      fixed_inputs=_fixed_inputs(args.fix_input), progress=progress)
     if progress is not None:
         progress.close()
     written = io.save(result.model, out, protect=(Path(args.model),))
@@ -261,7 +277,8 @@ def _run_insert(args) -> int:
         from .cli_build import build_and_diff
         from .pipeline import calibration_data
         loaded = io.load(written[0])
-        data = (calibration_data(io.load(args.model), args.calib, preprocess=args.preprocess)
+        loaded.fixed_inputs = tuple(_fixed_inputs(args.fix_input))   # the written model lacks them
+        data = (calibration_data(loaded, args.calib, preprocess=args.preprocess)
                 if args.calib and args.calib != "random" else None)
         build_and_diff(written[0], Path(args.engine), args, loaded, data)
     return 0

@@ -51,9 +51,11 @@ def _load_npy(path: Path) -> np.ndarray:
         raise QdqError(f"{path} is not a readable .npy file ({e})", "write it with np.save") from None
 
 
-def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: str | None = None):
+def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: str | None = None,
+                ignore: tuple[str, ...] = ()):
     """Arrays by input name from a file or a dict given through the Python API; from a folder, a
-    list of such dicts, one per file; from a folder of images, one array made with `preprocess`."""
+    list of such dicts, one per file; from a folder of images, one array made with `preprocess`.
+    Arrays named in `ignore` (inputs fixed to constants) are dropped."""
     if preprocess is not None or (isinstance(source, (str, Path)) and Path(source).is_dir() and
                                   _has_images(Path(source))):
         from .images import parse_preprocess, read_image_folder
@@ -77,7 +79,7 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
             files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
             if not files:
                 raise QdqError(f"{path} holds no .npz or .npy files", "put calibration arrays in it")
-            return [FileChunk(p, inputs) for p in files]  # one chunk per file, read when used
+            return [FileChunk(p, inputs, ignore) for p in files]  # one chunk per file, read when used
         elif path.suffix == ".npz":
             arrays = _load_npz(path)
         elif path.suffix == ".npy":
@@ -87,6 +89,7 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
             arrays = {inputs[0].name: _load_npy(path)}
         else:
             raise QdqError(f"{path}: calibration data must be .npz, .npy or a folder of them", "convert it with numpy")
+    arrays = {k: v for k, v in arrays.items() if k not in ignore}
     names = [i.name for i in inputs]
     missing = [n for n in names if n not in arrays]
     extra = [k for k in arrays if k not in names]
@@ -105,8 +108,8 @@ class FileChunk(Mapping):
 
     _last: tuple[Path, dict] | None = None
 
-    def __init__(self, path: Path, inputs: list[InputSpec]):
-        self.path, self.inputs = path, inputs
+    def __init__(self, path: Path, inputs: list[InputSpec], ignore: tuple[str, ...] = ()):
+        self.path, self.inputs, self.ignore = path, inputs, ignore
         self.names = [i.name for i in inputs]
         self._arrays()                          # validate names now: errors name the file at once
 
@@ -114,7 +117,7 @@ class FileChunk(Mapping):
         last = FileChunk._last
         if last is None or last[0] != self.path:
             FileChunk._last = None              # drop the previous file before reading the next
-            FileChunk._last = (self.path, read_arrays(self.path, self.inputs))
+            FileChunk._last = (self.path, read_arrays(self.path, self.inputs, ignore=self.ignore))
         return FileChunk._last[1]
 
     def __getitem__(self, name: str) -> np.ndarray:

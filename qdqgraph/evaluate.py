@@ -143,10 +143,11 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     q_names = outs + [q for _, q in pairs]
     out_acc = {o: _Acc() for o in outs}
     t_acc = {f: _Acc() for f, _ in pairs}
+    q_inputs = {t.name for t in q_graph.inputs}
     n = 0
     for feed in data.batches(1):
         fv = dict(zip(f_names, f_sess.run(f_names, feed)))
-        qv = q_sess.run(q_names, feed)
+        qv = q_sess.run(q_names, {k: v for k, v in feed.items() if k in q_inputs})  # fixed inputs are gone
         for o, q in zip(outs, qv[:len(outs)]):
             if np.issubdtype(fv[o].dtype, np.floating):
                 out_acc[o].add(fv[o], q, _looks_like_logits(shapes[o]))

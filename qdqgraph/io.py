@@ -40,6 +40,7 @@ class Loaded:
     doc_string: str = ""
     metadata_props: dict[str, str] = field(default_factory=dict)
     opset_raised_from: int | None = None
+    fixed_inputs: tuple[str, ...] = ()     # inputs made constants (qdqgraph.passes.fix_inputs)
 
 
 def opset_of(model: onnx.ModelProto) -> int:

@@ -16,6 +16,7 @@ from .errors import InvariantError, QdqError
 from .passes.batchnorm import fold_batchnorm
 from .passes.check import qdq_violations
 from .passes.constants import fold_constants
+from .passes.fix_inputs import fix_inputs, inline_constant_ifs
 from .passes.insert import WEIGHT_FORMATS, insert_qdq
 from .passes.no_ops import remove_no_ops
 from .passes.precision import HIGH_PRECISIONS, lower_float_islands, measure_ranges
@@ -29,6 +30,7 @@ from .view import GraphView
 # 99.99 keeps every zoo model within a point of float and rescues the layout detector that max
 # calibration breaks; TensorRT's entropy method clips post-ReLU tensors of small CNNs far too hard.
 DEFAULT_METHOD = "percentile"
+MAX_INLINE_ROUNDS = 8          # nesting depth of If nodes inlined once their conditions are constant
 
 
 @dataclass
@@ -60,11 +62,19 @@ def clean(loaded: io.Loaded, report: InsertReport | None = None) -> io.Loaded:
     """Remove inference no-ops, fold constants and BatchNormalization in place; record what changed
     in `report`."""
     no_ops = remove_no_ops(loaded.graph)
-    folded = fold_constants(loaded.graph)
+    folded = fold_constants(loaded.graph).folded
+    inlined: list[str] = []
+    for _ in range(MAX_INLINE_ROUNDS):   # an inlined branch may decide the condition of another If
+        step = inline_constant_ifs(loaded.graph).inlined
+        if not step:
+            break
+        inlined += step
+        folded += fold_constants(loaded.graph).folded
     bn = fold_batchnorm(loaded.graph)
     if report is not None:
         report.no_ops_removed = len(no_ops.removed)
-        report.constants_folded = folded.folded
+        report.constants_folded = folded
+        report.ifs_inlined = inlined
         report.batchnorm_folded = len(bn.folded)
         report.batchnorm_kept = [{"node": n, "reason": r} for n, r in bn.kept]
         report.opset_raised_from = loaded.opset_raised_from
@@ -84,7 +94,7 @@ def calibration_data(loaded: io.Loaded, calib, samples: int | None = None, shard
         if report is not None:
             report.warnings.append("calibrated on random data: the scales say nothing about accuracy")
     else:
-        arrays = read_arrays(calib, inputs, preprocess)
+        arrays = read_arrays(calib, inputs, preprocess, ignore=loaded.fixed_inputs)
     data = CalibrationData(arrays, inputs, samples)
     if shard is not None:
         data = data.shard(*shard)
@@ -136,10 +146,16 @@ def _amax_from_cache(plan: Plan, path) -> dict[str, float]:
 
 
 def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(), float_nodes=(),
-            report: InsertReport | None = None) -> tuple[io.Loaded, Plan]:
-    """Load, refuse already-quantized models, clean, and plan placement."""
+            fixed_inputs: dict | None = None, report: InsertReport | None = None) -> tuple[io.Loaded, Plan]:
+    """Load, refuse already-quantized models, fix the `fixed_inputs` (name -> value) to constants,
+    clean, and plan placement."""
     loaded = io.load(model)
     refuse_quantized(loaded)
+    if fixed_inputs:
+        fixed = fix_inputs(loaded.graph, fixed_inputs)
+        loaded.fixed_inputs = tuple(fixed)
+        if report is not None:
+            report.fixed_inputs = {k: np.asarray(v).tolist() for k, v in fixed_inputs.items() if k in fixed}
     clean(loaded, report)
     plan = replan(loaded, rules=rules, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
                   include_nodes=include_nodes, float_nodes=float_nodes)
@@ -179,7 +195,8 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
              providers: list[str] | None = None, percentile: float = 99.99, calib_cache=None,
              accuracy_budget: float | None = None, max_float_layers: int | None = None,
              sensitivity_samples: int = 8, preprocess: str | None = None, high_precision: str = "fp16",
-             bias_correction: bool = False, smooth_quant: float | None = None, progress=None) -> Result:
+             bias_correction: bool = False, smooth_quant: float | None = None, fixed_inputs: dict | None = None,
+             progress=None) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
 
     `calib` is a .npz/.npy path, a folder of them, a dict {input name: array (samples first)}, or
@@ -190,7 +207,9 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     of the float islands in the written model ("fp16" by default, "bf16", or "fp32"; see
     qdqgraph.passes.precision); sensitivity and fallback work on the float32 Q/DQ model.
     `smooth_quant` (alpha in [0, 1]) migrates activation outliers of quantized MatMul/Gemm inputs
-    into their weights first (qdqgraph.passes.smooth).
+    into their weights first (qdqgraph.passes.smooth). `fixed_inputs` (name -> value) turns those
+    inputs into constants, which decides the If nodes they select (qdqgraph.passes.fix_inputs); the
+    written model no longer has them, and calibration data for them is ignored.
     """
     if method not in METHODS:
         raise QdqError(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
@@ -214,7 +233,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
         raise QdqError(f"--smooth-quant alpha must be in [0, 1], got {smooth_quant}", "use 0.5 (the default)")
     selection = dict(rules=rules, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes, include_nodes=include_nodes)
     report = InsertReport(input=str(model) if isinstance(model, (str, os.PathLike)) else None, method=method)
-    loaded, plan = prepare(model, report=report, **selection)
+    loaded, plan = prepare(model, report=report, fixed_inputs=fixed_inputs, **selection)
     if smooth_quant is not None:
         from .passes.smooth import channel_ranges, smooth, targets
         found = targets(loaded.graph, plan)
@@ -255,7 +274,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
     float_nodes = tuple((n, f"fallback: returned to float (+{gains[n]:.1f} dB output SQNR alone)") for n in chosen)
     report2 = InsertReport(input=report.input, method=method)
-    loaded2, plan2 = prepare(model, report=report2, float_nodes=float_nodes, **selection)
+    loaded2, plan2 = prepare(model, report=report2, float_nodes=float_nodes, fixed_inputs=fixed_inputs, **selection)
     amax2 = _amax_from_cache(plan2, per_tensor)
     if means is not None:
         from .passes.bias_correction import correct_biases

@@ -17,6 +17,8 @@ class InsertReport:
     calibration_seconds: float = 0.0
     opset_raised_from: int | None = None
     no_ops_removed: int = 0
+    fixed_inputs: dict[str, object] = field(default_factory=dict)
+    ifs_inlined: list[str] = field(default_factory=list)
     smoothed: dict[str, list[str]] = field(default_factory=dict)
     constants_folded: int = 0
     batchnorm_folded: int = 0
@@ -59,6 +61,12 @@ class InsertReport:
         lines = []
         if self.opset_raised_from:
             lines.append(f"opset raised from {self.opset_raised_from} to 13 (per-channel Q/DQ needs it)")
+        if self.fixed_inputs:
+            fixed = ", ".join(f"{k}={v}" for k, v in self.fixed_inputs.items())
+            lines.append(f"fixed inputs: {fixed} (the written model no longer has them)")
+        if self.ifs_inlined:
+            lines.append(f"inlined: {len(self.ifs_inlined)} If node(s) with a constant condition "
+                         f"({', '.join(self.ifs_inlined[:max_examples])}{', ...' if len(self.ifs_inlined) > max_examples else ''})")
         removed = f"{self.no_ops_removed} Identity/Dropout removed, " if self.no_ops_removed else ""
         lines.append(f"cleaned: {removed}{self.constants_folded} constant nodes folded, "
                      f"{self.batchnorm_folded} BatchNormalization folded, {len(self.batchnorm_kept)} kept")

@@ -1,0 +1,122 @@
+"""Fix model inputs to constant values, and inline the If branches that this (or the export) made
+constant.
+
+Models exported from dynamic code carry inputs that select a path through If nodes: silero-vad
+takes its sample rate `sr` as an input and runs one of two whole networks inside If branches.
+qdqgraph leaves If bodies in float (as TensorRT builds them as separate conditional regions), so
+such a model gets no INT8 at all. A deployment that always feeds the same value can fix the input
+(`insert --fix-input sr=16000`): the input becomes a constant, constant folding decides the If
+condition, and the taken branch is inlined into the main graph, where placement quantizes it
+like any other layer. The output model no longer has that input.
+
+Inlining is written here rather than taken from onnx-graphsurgeon's `fold_constants(
+flatten_subgraphs=True)`, which left dangling references to If outputs on silero-vad (measured:
+onnxruntime refused the flattened model).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..errors import QdqError
+from ..ops import vocabulary
+
+
+@dataclass
+class InlineResult:
+    inlined: list[str] = field(default_factory=list)      # If nodes replaced by their taken branch
+
+
+def parse_fixed(spec: str) -> tuple[str, list]:
+    """'NAME=V' or 'NAME=V1,V2,...' -> (name, values as numbers); the dtype comes from the model."""
+    name, sep, value = spec.partition("=")
+    if not sep or not name or not value:
+        raise QdqError(f"--fix-input {spec!r} is not NAME=VALUE", "write it like --fix-input sr=16000")
+    try:
+        values = [float(v) if any(c in v for c in ".eE") or v.strip().lower() in ("inf", "nan") else int(v)
+                  for v in value.split(",")]
+    except ValueError:
+        raise QdqError(f"--fix-input {spec!r}: {value!r} is not a number or a comma-separated list of numbers",
+                       "write it like --fix-input sr=16000 or --fix-input scale=0.5,0.5") from None
+    return name, values
+
+
+def fix_inputs(graph: gs.Graph, fixed: dict[str, object]) -> list[str]:
+    """Replace the graph inputs named in `fixed` by constants of their declared dtype. The value
+    takes a static input shape of as many elements; otherwise a scalar fixes a rank-0 input and a
+    list a rank-1 input. Returns the names fixed. Modifies `graph`."""
+    inputs = {t.name: t for t in graph.inputs}
+    for name, value in fixed.items():
+        t = inputs.get(name)
+        if t is None:
+            raise QdqError(f"--fix-input names '{name}', which is not an input of the model",
+                           f"the inputs are: {', '.join(inputs) or '(none)'}")
+        if t.dtype is None:
+            raise QdqError(f"input '{name}' declares no element type, so it cannot be fixed",
+                           "give the input a type in the model")
+        a = np.asarray(value)
+        with np.errstate(all="ignore"):
+            cast = a.astype(t.dtype)
+        if not np.array_equal(cast.astype(np.float64), a.astype(np.float64), equal_nan=True):
+            raise QdqError(f"--fix-input {name}: {value!r} does not fit the input's type {np.dtype(t.dtype).name}",
+                           "give a value of the input's type")
+        shape = t.shape
+        if shape is not None:
+            want = list(shape)
+            if all(isinstance(w, int) and w >= 0 for w in want) and int(np.prod(want)) == cast.size:
+                cast = cast.reshape(want)            # 16000 for a [1] input, a list for a [1, 4] one
+            if len(want) != cast.ndim or any(isinstance(w, int) and w >= 0 and w != g
+                                            for w, g in zip(want, cast.shape)):
+                raise QdqError(f"--fix-input {name}: the input has shape {want}, the value has shape "
+                               f"{list(cast.shape)}", "give one number for a scalar input, a list for a 1-D input")
+        const = gs.Constant(f"{name}_fixed", cast)
+        for node in list(t.outputs):
+            _replace_input(node, t, const)
+        graph.outputs[:] = [const if o is t else o for o in graph.outputs]
+        graph.inputs.remove(t)
+    return list(fixed)
+
+
+def _replace_input(node: gs.Node, old: gs.Tensor, new: gs.Tensor) -> None:
+    for k, x in enumerate(node.inputs):
+        if x is old:
+            node.inputs[k] = new
+
+
+def _condition(node: gs.Node):
+    """The If node's condition as a Python bool, or None while it is not a constant."""
+    c = node.inputs[0] if node.inputs else None
+    if not isinstance(c, gs.Constant):
+        return None
+    v = np.asarray(c.values)
+    return bool(v.reshape(-1)[0]) if v.size == 1 else None
+
+
+def inline_constant_ifs(graph: gs.Graph) -> InlineResult:
+    """Replace every If node of `graph` whose condition is a constant by the nodes of the branch it
+    takes. Repeats until none is left (an inlined branch may hold Ifs of its own; their conditions
+    are decided by the caller's next constant folding). Modifies `graph`."""
+    vocab = vocabulary()
+    out = InlineResult()
+    for node in [n for n in graph.nodes if vocab.is_(n, "conditional")]:
+        cond = _condition(node)
+        if cond is None:
+            continue
+        branch: gs.Graph = node.attrs["then_branch" if cond else "else_branch"]
+        graph.nodes.extend(branch.nodes)
+        for if_out, br_out in zip(node.outputs, branch.outputs):
+            for consumer in list(if_out.outputs):
+                _replace_input(consumer, if_out, br_out)
+            if if_out in graph.outputs:          # keep the model's output name: copy under it
+                keep = gs.Variable(if_out.name, dtype=if_out.dtype, shape=if_out.shape)
+                if_out.name = f"{if_out.name}_if_output"
+                graph.layer(op="Identity", name=f"{node.name}_output_{keep.name}", inputs=[br_out], outputs=[keep])
+                graph.outputs[:] = [keep if o is if_out else o for o in graph.outputs]
+        node.inputs.clear()
+        node.outputs.clear()
+        out.inlined.append(node.name)
+    if out.inlined:
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    return out
