@@ -53,23 +53,7 @@ class GraphView:
     @cached_property
     def _subgraph_uses(self) -> set[str]:
         """Names of outer tensors that If/Loop/Scan bodies (at any depth) read implicitly."""
-        names: set[str] = set()
-
-        def scan(sub: gs.Graph) -> None:
-            inner = {id(n) for n in sub.nodes}
-            own = {t.name for t in sub.inputs}
-            for node in sub.nodes:
-                for t in node.inputs:
-                    produced_inside = any(id(p) in inner for p in t.inputs)
-                    if t.name and not produced_inside and t.name not in own and not isinstance(t, gs.Constant):
-                        names.add(t.name)
-                for nested in node.subgraphs():
-                    scan(nested)
-
-        for n in self.nodes:
-            for sub in n.subgraphs():
-                scan(sub)
-        return names
+        return {name for n in self.nodes for name in subgraph_reads(n)}
 
     # ------------------------------------------------------------------ values and types
 
@@ -193,3 +177,24 @@ class GraphView:
         for n in self.nodes:
             walk(n, 0, [])
         return found
+
+
+def subgraph_reads(node: gs.Node) -> list[str]:
+    """Names of tensors from outside `node` that its If/Loop/Scan bodies (at any depth) read: an
+    implicit input, referred to by name inside the body (may include names of enclosing bodies)."""
+    names: dict[str, None] = {}
+
+    def scan(sub: gs.Graph) -> None:
+        inner = {id(n) for n in sub.nodes}
+        own = {t.name for t in sub.inputs}
+        for n in sub.nodes:
+            for t in n.inputs:
+                produced_inside = any(id(p) in inner for p in t.inputs)
+                if t.name and not produced_inside and t.name not in own and not isinstance(t, gs.Constant):
+                    names[t.name] = None
+            for nested in n.subgraphs():
+                scan(nested)
+
+    for sub in node.subgraphs():
+        scan(sub)
+    return list(names)

@@ -234,3 +234,17 @@ def test_a_tensor_read_only_by_shape_keeps_its_producer():
     g.output("y")
     report = trtsim.simulate(g.model())
     assert report.layer_of("conv") is not None, report.table()
+
+
+def test_tensors_read_inside_an_if_body_keep_their_producers():
+    """An If body reads outer tensors by name; the simulator counts those as the If's inputs, so
+    their producers are neither pruned as unused nor fused as if nothing else read them."""
+    from test_fix_inputs import _if_model, _x
+    m = _if_model("input")                      # If on an input: not inlined, bodies read stem_relu
+    r = qdqgraph.quantize(m, {"x": _x(8)[:, None], "mode": np.ones(8, np.int64)}, high_precision="fp32")
+    assert [n.op_type for n in r.model.graph.node].count("If") == 1
+    rep = trtsim.simulate(r.model)
+    nodes = {n for layer in rep.layers for n in layer.nodes}
+    assert {"stem", "stem_relu", "pick", "head"} <= nodes
+    stem = next(layer for layer in rep.layers if "stem" in layer.nodes)
+    assert [p.precision for p in stem.outputs] == ["fp32"]           # the If reads it in float

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..ops import Vocabulary, vocabulary
-from ..view import GraphView, is_float_dtype
+from ..view import GraphView, is_float_dtype, subgraph_reads
 
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
 
@@ -114,8 +114,11 @@ class SimGraph:
             while name in used:
                 name = f"{name}/{n.outputs[0].name if n.outputs else 'x'}"
             used.add(name)
-            node = SNode(name, n.op, [t.name for t in n.inputs], [t.name for t in n.outputs],
-                         dict(n.attrs), origin=[name])
+            inputs = [t.name for t in n.inputs]
+            # an If/Loop body reads outer tensors by name: implicit inputs, without which their
+            # producers would look unused and be pruned (silero-vad lost its encoder that way)
+            inputs += [t for t in subgraph_reads(n) if t in g.tensors and t not in inputs]
+            node = SNode(name, n.op, inputs, [t.name for t in n.outputs], dict(n.attrs), origin=[name])
             if view.vocab.is_(n, "quantize"):
                 node.role = Q
             elif view.vocab.is_(n, "dequantize"):
