@@ -219,6 +219,20 @@ def _is_first_layer(ctx, node):
 
 
 @_cond()
+def c_is_single_output_conv(ctx, node, arg):
+    """A Conv with one output channel: implicit GEMM with N == 1, so a GEMV (P10), whose INT8 input
+    would cost a Q for almost no arithmetic (silero-vad's 128 -> 1 decoder head)."""
+    if node.op != "Conv":
+        return False, "not a Conv", {}
+    w = ctx.view.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if w is None or w.ndim < 3:
+        return False, "weight unknown", {}
+    if int(w.shape[0]) != 1:
+        return False, f"{int(w.shape[0])} output channels", {}
+    return True, "1 output channel (a GEMV per position)", {}
+
+
+@_cond()
 def c_is_tiny_conv(ctx, node, arg):
     """Convs with < 16 input or output channels, except shapes INT8 kernels handle well (P10)."""
     if node.op != "Conv":
@@ -424,7 +438,7 @@ CONDITIONS = {
     "op_type": c_op_type, "float_input": c_float_input, "all_inputs_float": c_all_inputs_float,
     "constant_weight": c_constant_weight, "weight_rank": c_weight_rank, "attr": c_attr,
     "is_weighted": c_is_weighted, "feeds_graph_output": c_feeds_graph_output, "is_gemv": c_is_gemv,
-    "is_tiny_conv": c_is_tiny_conv, "residual_skip": c_residual_skip, "se_gate_mul": c_se_gate_mul,
+    "is_tiny_conv": c_is_tiny_conv, "is_single_output_conv": c_is_single_output_conv, "residual_skip": c_residual_skip, "se_gate_mul": c_se_gate_mul,
     "neighbour_quantized": c_neighbour_quantized, "output_quantized": c_output_quantized,
 }
 

@@ -262,6 +262,17 @@ def tiny_conv():
     return g.model()
 
 
+def conv_gemv():
+    """A 16 -> 32 conv and a 1x1 32 -> 1 score head (a GEMV per position) before a Sigmoid."""
+    g = G("conv_gemv")
+    x = g.input("x", ["n", 16, 8, 8])
+    a = g.node("Relu", [g.conv(x, 16, 32, "feat")], name="r0")
+    s = g.conv(a, 32, 1, "score", k=1)
+    g.node("Sigmoid", [s], ["y"], name="prob")
+    g.output("y")
+    return g.model()
+
+
 def paddle_constants():
     """Weights as Constant nodes, and a weight written as Transpose(constant) (TensorFlow style)."""
     g = G("paddle_constants")
@@ -391,7 +402,7 @@ def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
 ALL = {"conv_relu": conv_relu, "conv_bn_relu": conv_bn_relu, "residual_add": residual_add,
        "concat_of_pools": concat_of_pools, "se_block": se_block, "silu_conv": silu_conv,
        "attention": attention, "gemm_transB": gemm_transB, "convtranspose": convtranspose,
-       "integer_path": integer_path, "tiny_conv": tiny_conv, "tiny_se_block": tiny_se_block, "fpn_upsample": fpn_upsample, "residual_hardswish": residual_hardswish, "paddle_constants": paddle_constants,
+       "integer_path": integer_path, "tiny_conv": tiny_conv, "conv_gemv": conv_gemv, "tiny_se_block": tiny_se_block, "fpn_upsample": fpn_upsample, "residual_hardswish": residual_hardswish, "paddle_constants": paddle_constants,
        "layernorm_mlp": layernorm_mlp, "layernorm_decomposed": layernorm_decomposed, "gemv": gemv,
        "pool_output": pool_output, "batched_weight": batched_weight, "bmm": bmm, "pool_float": pool_float,
        "concat_float": concat_float, "residual_projection": lambda: residual_add(projection=True),

@@ -30,6 +30,7 @@ CASES = {
     "P10-mha-core": (("attention", "qk"), ("attention", "q_proj", "on no chain")),
     "P10-gemv": (("gemv", "gemv"), ("gemm_transB", "fc", "is a GEMM")),
     "P10-tiny-conv": (("tiny_conv", "tiny"), ("tiny_conv", "narrow", "suits INT8 kernels")),
+    "P10-conv-gemv": (("conv_gemv", "score"), ("conv_gemv", "feat", "32 output channels")),
     "P10-output-layer": (("pool_output", "gap"), ("pool_output", "conv", "not a graph output")),
     "P1-conv": (("conv_relu", "conv"), ("dynamic_weight_conv", "conv", "not a constant weight")),
     "P1-convtranspose": (("convtranspose", "up"), ("convtranspose_grouped", "up", "group is 2")),
