@@ -34,10 +34,7 @@ def _add_insert(sub):
     p.add_argument("--smooth-quant", type=float, nargs="?", const=0.5, metavar="ALPHA",
                    help="migrate activation outliers of quantized MatMul/Gemm inputs into their weights "
                         "(SmoothQuant; alpha default 0.5, measured on --calib)")
-    p.add_argument("--fix-input", action="append", default=[], metavar="NAME=VALUE",
-                   help="make a model input a constant (a number, or a comma-separated list for a 1-D input), "
-                        "so the If nodes it selects are decided and their taken branch quantized; the written "
-                        "model no longer has that input (repeatable)")
+    _add_fix_input(p)
     p.add_argument("--high-precision", default="fp16", choices=["fp16", "bf16", "fp32"],
                    help="type of the parts that stay float (default fp16: TensorRT runs a strongly typed "
                         "network in the types the ONNX gives; fp32 keeps them float32)")
@@ -70,6 +67,13 @@ def _add_runtime(p):
     p.add_argument("--providers", default="cpu", help="onnxruntime providers for calibration, e.g. cuda,cpu")
     p.add_argument("--custom-op-library", action="append", default=[], metavar="LIB.so",
                    help="onnxruntime custom-op library for models with custom-domain ops (repeatable)")
+
+
+def _add_fix_input(p):
+    p.add_argument("--fix-input", action="append", default=[], metavar="NAME=VALUE",
+                   help="make a model input a constant (a number, or a comma-separated list for a 1-D input), "
+                        "so the If nodes it selects are decided and their taken branch quantized; the written "
+                        "model no longer has that input (repeatable)")
 
 
 def _fixed_inputs(specs: list[str]) -> dict:
@@ -112,6 +116,7 @@ def _add_calibrate(sub):
     p.add_argument("--force", action="store_true")
     p.add_argument("--quiet", action="store_true")
     _add_selection(p)
+    _add_fix_input(p)
     p.set_defaults(run=_run_calibrate)
 
 
@@ -334,7 +339,8 @@ def _run_calibrate(args) -> int:
     if shard and fmt != "state":
         raise QdqError("--shard writes calibration state, to be merged", "drop --format, or use --format state")
     loaded, plan = prepare(args.model, rules=args.rules, exclude_ops=args.exclude_op,
-                           exclude_nodes=args.exclude_node, include_nodes=args.include_node)
+                           exclude_nodes=args.exclude_node, include_nodes=args.include_node,
+                           fixed_inputs=_fixed_inputs(args.fix_input))
     groups = plan.groups()
     progress = _progress(args)
     try:

@@ -173,3 +173,22 @@ def test_if_output_that_is_a_model_output_keeps_its_name():
     assert [o.name for o in out.graph.output] == ["y"] and not [n for n in out.graph.node if n.op_type == "If"]
     v = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
     np.testing.assert_array_equal(_run(out, {"x": v}), np.maximum(v, 0))
+
+
+def test_calibrate_with_fix_input_feeds_insert_from_cache(tmp_path):
+    """calibrate --fix-input observes the inlined branch, so insert --calib-cache --fix-input finds
+    a range for every tensor it quantizes."""
+    p = tmp_path / "m.onnx"
+    onnx.save(_if_model("input"), p)
+    np.savez(tmp_path / "d.npz", x=_x(4)[:, None], mode=np.zeros(4, np.int64))
+    cache = tmp_path / "c.json"
+    assert main(["calibrate", str(p), "--calib", str(tmp_path / "d.npz"), "--fix-input", "mode=0",
+                 "-o", str(cache), "--quiet"]) == 0
+    from qdqgraph.calib.cache import read_json
+    ranges = read_json(cache)
+    assert {"stem_relu_out", "else_y"} <= set(ranges)      # else_conv's and head's inputs
+    out = tmp_path / "q.onnx"
+    assert main(["insert", str(p), "--calib-cache", str(cache), "--fix-input", "mode=0", "-o", str(out),
+                 "--quiet"]) == 0
+    names = {n.name for n in onnx.load(out).graph.node}
+    assert "else_conv" in names and "then_conv" not in names
