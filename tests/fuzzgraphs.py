@@ -5,7 +5,8 @@ tensors picked by a seeded generator: weighted ops (Conv with or without bias, g
 followed by BatchNormalization; ConvTranspose; Gemm with transB; MatMul with a constant), pointwise
 activations, residual Adds, SE-block Muls, pooling, Concat, Reshape/Transpose/Flatten, Softmax, and
 integer paths (Shape -> Gather -> Concat -> Reshape, ArgMax -> Cast, a bool mask into Where, a one-hot
-into a MatMul), Identity/Dropout no-ops, and a nearest Resize read by a strided conv. The
+into a MatMul), Identity/Dropout no-ops, a nearest Resize read by a strided conv, and an If between
+two convs with a constant or data-dependent condition. The
 batch dim is dynamic in some graphs. Shapes stay small so that one example runs in well under a
 second. `models()` is the hypothesis strategy; benchmarks/fuzz.py draws from the same generator.
 """
@@ -19,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 STEPS = ("conv", "conv_bn", "depthwise", "convtranspose", "relu", "sigmoid", "add", "se", "maxpool", "avgpool",
          "concat", "transpose", "gap_gemm", "matmul", "softmax", "reshape_int_path", "argmax_cast", "where_mask",
-         "leaky", "noop", "resize_conv", "onehot_matmul")
+         "leaky", "noop", "resize_conv", "onehot_matmul", "if_branch")
 
 
 @dataclass
@@ -184,6 +185,33 @@ class _Builder:
         w = self.const("ow", (self.rng.standard_normal((f, out)) / np.sqrt(f)).astype(np.float32))
         self.flats.append((self.node("MatMul", [hot, w], "oh_matmul"), out))
 
+    def if_branch(self):
+        """An If choosing between two convs of the same tensor, read by name inside the bodies; its
+        condition is a constant (exporters leave those; qdqgraph inlines them) or data-dependent."""
+        x, c = self.pick(self.images)
+        cout = int(self.rng.choice([4, 8, 16]))
+        if self.rng.random() < 0.5:
+            flag = bool(self.rng.random() < 0.5)
+            cond = self.node("Equal", [self.const("ca", np.array(1, np.int64)),
+                                       self.const("cb", np.array(1 if flag else 2, np.int64))], "if_cond")
+        else:
+            mean = self.node("ReduceMean", [x], "if_mean", keepdims=0)
+            cond = self.node("Greater", [mean, self.const("thr", np.array(0, np.float32))], "if_cond")
+
+        def body(stem: str, act: bool) -> onnx.GraphProto:
+            w = numpy_helper.from_array((self.rng.standard_normal((cout, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32),
+                                        self.name(f"{stem}_w"))
+            conv_out, out = self.name(f"{stem}_conv_out"), self.name(f"{stem}_out")
+            nodes = [helper.make_node("Conv", [x, w.name], [conv_out], name=self.name(f"{stem}_conv"),
+                                      kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+            nodes.append(helper.make_node("Relu" if act else "Identity", [conv_out], [out], name=self.name(f"{stem}_act")))
+            return helper.make_graph(nodes, stem, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], [w])
+
+        y = self.name("if_out")
+        self.nodes.append(helper.make_node("If", [cond], [y], name=self.name("if"),
+                                           then_branch=body("then", True), else_branch=body("else", False)))
+        self.images.append((y, cout))
+
     def apply(self, step: str):
         dispatch = {
             "conv": lambda: self.conv(), "conv_bn": lambda: self.conv(bn=True), "depthwise": lambda: self.conv(depthwise=True),
@@ -193,7 +221,7 @@ class _Builder:
             "concat": self.concat, "transpose": self.transpose, "gap_gemm": self.gap_gemm, "matmul": self.matmul,
             "softmax": self.softmax, "reshape_int_path": self.reshape_int_path, "argmax_cast": self.argmax_cast,
             "where_mask": self.where_mask, "noop": self.noop, "resize_conv": self.resize_conv,
-            "onehot_matmul": self.onehot_matmul,
+            "onehot_matmul": self.onehot_matmul, "if_branch": self.if_branch,
         }
         dispatch[step]()
 

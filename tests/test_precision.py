@@ -217,3 +217,15 @@ def test_cli_high_precision_flag(tmp_path, capsys):
     assert "float islands" not in capsys.readouterr().out
     assert F16 in _types(onnx.load(tmp_path / "a.onnx")).values()
     assert F16 not in _types(onnx.load(tmp_path / "b.onnx")).values()
+
+
+def test_tensor_that_is_a_graph_output_and_read_by_a_float32_op_gets_uniquely_named_casts():
+    """Found by the fuzzer (steps leaky, if_branch; seed 737228294): a LeakyRelu output that is a graph
+    output and also read by a Q got two Casts named `<tensor>_to_fp32`; onnxruntime refused the model."""
+    import fuzzgraphs
+    m = fuzzgraphs.random_model(["leaky", "if_branch"], 737228294, False)
+    r = qdqgraph.quantize(m, fuzzgraphs.sample_data(m))
+    names = [n.name for n in r.model.graph.node]
+    assert len(names) == len(set(names))
+    onnx.checker.check_model(r.model, full_check=True)
+    assert len(fuzzgraphs.run_ort(r.model, {k: v[0] for k, v in fuzzgraphs.sample_data(m).items()})) == 2

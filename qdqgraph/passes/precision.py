@@ -106,6 +106,7 @@ class _Retyper:
         self.result = PrecisionResult(dtype=_short(island))
         self.casts: dict[tuple[str, np.dtype], gs.Variable] = {}
         self.own: set[str] = set()                           # the Casts (and DQ copies) this pass adds
+        self.names = {n.name for n in graph.nodes}           # node names in use (ONNX wants them unique)
         # each DQ's float32 scale as it was, for the DQ copies that feed float32 ops
         self.dq_scale = {n.name: n.inputs[1] for n in graph.nodes
                          if self.vocab.is_(n, "dequantize") and len(n.inputs) > 1}
@@ -257,7 +258,7 @@ class _Retyper:
             # a float32 op reading an FP16 DQ gets its own float32 DQ of the same INT8 tensor: a
             # Cast between a DQ and its consumer would stop TensorRT's Q/DQ fusion (a reformat)
             out = gs.Variable(f"{t.name}_{_short(to)}", dtype=to, shape=t.shape)
-            node = gs.Node(p.op, name=f"{p.name}_{_short(to)}", attrs=dict(p.attrs),
+            node = gs.Node(p.op, name=self._fresh(f"{p.name}_{_short(to)}"), attrs=dict(p.attrs),
                            inputs=[p.inputs[0], self.dq_scale[p.name], *p.inputs[2:]], outputs=[out])
             self.graph.nodes.append(node)
             self.own.add(node.name)
@@ -265,7 +266,8 @@ class _Retyper:
             self.result.dq_copies += 1
         if key not in self.casts:
             out = gs.Variable(f"{t.name}_{_short(to)}", dtype=to, shape=t.shape)
-            node = gs.Node("Cast", name=f"{t.name}_to_{_short(to)}", attrs={"to": onnx.helper.np_dtype_to_tensor_dtype(to)},
+            node = gs.Node("Cast", name=self._fresh(f"{t.name}_to_{_short(to)}"),
+                           attrs={"to": onnx.helper.np_dtype_to_tensor_dtype(to)},
                            inputs=[t], outputs=[out])
             self.graph.nodes.append(node)
             self.own.add(node.name)
@@ -273,12 +275,22 @@ class _Retyper:
             self.result.casts += 1
         return self.casts[key]
 
+    def _fresh(self, base: str) -> str:
+        """`base`, or `base_2`, `base_3`... if a node already has that name (a tensor that is both a
+        graph output and read by a float32 op gets two Casts)."""
+        name, k = base, 1
+        while name in self.names:
+            k += 1
+            name = f"{base}_{k}"
+        self.names.add(name)
+        return name
+
     def _output_cast(self, t: gs.Variable) -> gs.Variable:
         """Keep the graph output's name and float32 type: its producer now writes `<name>_<island>`."""
         name = t.name
         t.name = f"{name}_{_short(self.island)}"
         out = gs.Variable(name, dtype=F32, shape=t.shape)
-        self.graph.nodes.append(gs.Node("Cast", name=f"{name}_to_fp32", attrs={"to": onnx.TensorProto.FLOAT},
+        self.graph.nodes.append(gs.Node("Cast", name=self._fresh(f"{name}_to_fp32"), attrs={"to": onnx.TensorProto.FLOAT},
                                         inputs=[t], outputs=[out]))
         self.result.casts += 1
         return out
