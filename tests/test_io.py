@@ -64,3 +64,34 @@ def test_dynamic_dims_kept_symbolic(tmp_path):
     out = qdqgraph.quantize(m, motifs.sample_data(m)).model
     dims = out.graph.input[0].type.tensor_type.shape.dim
     assert dims[0].dim_param == "b" and dims[1].dim_value == 8
+
+
+def test_shape_inference_without_weights_matches_onnx(monkeypatch):
+    """infer_shapes keeps the weights out of onnx's shape inference: the value_info must equal plain
+    onnx inference (data propagation through a Shape->Reshape chain included), and the model must
+    come back with every initializer, input and output as it was."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")    # 864 B
+    big = onnx.numpy_helper.from_array(rng.standard_normal((64, 8 * 6 * 6)).astype(np.float32), "big")
+    shape = onnx.numpy_helper.from_array(np.array([0, -1], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Shape", ["r"], ["s"], name="shape_of"),
+             helper.make_node("Reshape", ["r", "shape"], ["flat"], name="flatten"),
+             helper.make_node("Gemm", ["flat", "big"], ["y"], name="fc", transB=1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("s", TensorProto.INT64, None)], [w, big, shape])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    monkeypatch.setattr(io, "SHAPES_ONLY_MIN_BYTES", 512)       # both float weights go as inputs
+    light, added = io._weights_as_inputs(m)
+    assert added == 2 and [t.name for t in light.graph.initializer] == ["shape"]
+    ours = io.infer_shapes(m)
+    ref = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    assert {v.name: v for v in ours.graph.value_info} == {v.name: v for v in ref.graph.value_info}
+    assert list(ours.graph.output) == list(ref.graph.output)
+    assert list(ours.graph.input) == list(m.graph.input)
+    assert list(ours.graph.initializer) == list(m.graph.initializer)
+    dims = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in ours.graph.value_info}
+    assert dims["flat"] == ["N", 288]
