@@ -81,6 +81,25 @@ def test_kernel_counts_nothing_when_a_value_does_not_fit():
 
 
 @needs_kernel
+@pytest.mark.parametrize("pos", [0, 5, 15, 16, 31, 37, 39])
+def test_kernel_sees_a_bad_value_or_the_maximum_at_any_position(pos):
+    """The kernel spreads values over sub-histograms; a NaN, an out-of-range value or the maximum in
+    any of them (or in the tail after the last full group) must be seen."""
+    from qdqgraph.calib import _abshist
+    x = np.full(40, 0.25, np.float32)
+    counts = np.zeros(8, np.int64)
+    x[pos] = -6.5
+    assert _abshist.abs_hist(x, 1.0, counts) == (6.5, True)
+    assert counts.tolist() == [39, 0, 0, 0, 0, 0, 1, 0]
+    for bad in (np.nan, 9.0, np.inf):
+        y = x.copy()
+        y[pos] = bad
+        m, fits = _abshist.abs_hist(y, 1.0, counts)
+        assert not fits and counts.tolist() == [39, 0, 0, 0, 0, 0, 1, 0]
+        assert np.isnan(m) if np.isnan(bad) else m == abs(bad)
+
+
+@needs_kernel
 @pytest.mark.parametrize("x, counts", [
     (np.zeros(4, np.float64), np.zeros(8, np.int64)),            # float64 data
     (np.zeros(4, np.float32), np.zeros(8, np.int32)),            # int32 counts

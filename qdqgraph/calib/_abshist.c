@@ -21,8 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 4                       /* sub-histograms: consecutive values rarely hit one counter */
-#define FLUSH_EVERY ((Py_ssize_t)1 << 30)  /* values per lane before uint32 counters could wrap */
+/* sub-histograms: the counter increments bound the loop (ResNet-50 activations are a third zeros,
+   most of the rest in the lowest bins), and consecutive values in separate counters do not wait on
+   each other. Measured on ResNet-50's activations: 16 lanes 1.58-1.65 ns per value, 8 lanes
+   1.62-1.77, 4 lanes 2.06-2.13 (best of five, caches flushed between runs). */
+#define LANES 16
+#define FLUSH_EVERY ((Py_ssize_t)1 << 30)  /* values before a uint32 counter could wrap */
 
 static int get_floats(PyObject *obj, Py_buffer *view)
 {
@@ -71,44 +75,42 @@ static PyObject *abs_hist(PyObject *self, PyObject *args)
     int nan = 0, fits = 0;
     Py_BEGIN_ALLOW_THREADS
     const uint32_t last = (uint32_t)(bins - 1);
-    uint32_t *h0 = lanes, *h1 = lanes + bins, *h2 = lanes + 2 * bins, *h3 = lanes + 3 * bins;
-    float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f;
+    float mx[LANES] = {0.0f};
     int n0 = 0;
     Py_ssize_t start = 0;
     while (start < n) {
         Py_ssize_t stop = n - start > FLUSH_EVERY ? start + FLUSH_EVERY : n;
         Py_ssize_t i = start;
-        for (; i + 4 <= stop; i += 4) {
-            float a0 = fabsf(x[i]), a1 = fabsf(x[i + 1]), a2 = fabsf(x[i + 2]), a3 = fabsf(x[i + 3]);
-            n0 |= (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);
-            m0 = a0 > m0 ? a0 : m0;
-            m1 = a1 > m1 ? a1 : m1;
-            m2 = a2 > m2 ? a2 : m2;
-            m3 = a3 > m3 ? a3 : m3;
-            /* |x| * inv in float32, truncated: floor for non-negative values, as numpy's astype;
-               out-of-range indices are clamped only to stay in bounds (such a call counts nothing) */
-            uint32_t k0 = (uint32_t)(int32_t)(a0 * inv), k1 = (uint32_t)(int32_t)(a1 * inv);
-            uint32_t k2 = (uint32_t)(int32_t)(a2 * inv), k3 = (uint32_t)(int32_t)(a3 * inv);
-            h0[k0 < last ? k0 : last]++;
-            h1[k1 < last ? k1 : last]++;
-            h2[k2 < last ? k2 : last]++;
-            h3[k3 < last ? k3 : last]++;
+        for (; i + LANES <= stop; i += LANES) {
+            /* value l of each group goes to sub-histogram l (the compiler unrolls this loop) */
+            for (int l = 0; l < LANES; l++) {
+                float a = fabsf(x[i + l]);
+                n0 |= (a != a);
+                mx[l] = a > mx[l] ? a : mx[l];
+                /* |x| * inv in float32, truncated: floor for non-negative values, as numpy's astype;
+                   out-of-range indices are clamped only to stay in bounds (such a call counts nothing) */
+                uint32_t k = (uint32_t)(int32_t)(a * inv);
+                lanes[(size_t)l * bins + (k < last ? k : last)]++;
+            }
         }
         for (; i < stop; i++) {
             float a = fabsf(x[i]);
             n0 |= (a != a);
-            m0 = a > m0 ? a : m0;
+            mx[0] = a > mx[0] ? a : mx[0];
             uint32_t k = (uint32_t)(int32_t)(a * inv);
-            h0[k < last ? k : last]++;
+            lanes[k < last ? k : last]++;
         }
-        for (Py_ssize_t b = 0; b < bins; b++)
-            acc[b] += (int64_t)h0[b] + h1[b] + h2[b] + h3[b];
+        for (Py_ssize_t b = 0; b < bins; b++) {
+            int64_t s = 0;
+            for (int l = 0; l < LANES; l++)
+                s += lanes[(size_t)l * bins + b];
+            acc[b] += s;
+        }
         memset(lanes, 0, (size_t)bins * LANES * sizeof(uint32_t));
         start = stop;
     }
-    m = m0 > m1 ? m0 : m1;
-    m = m > m2 ? m : m2;
-    m = m > m3 ? m : m3;
+    for (int l = 0; l < LANES; l++)
+        m = mx[l] > m ? mx[l] : m;
     nan = n0;
     /* the largest value has the largest index: the batch fits when its index is in range */
     fits = !nan && (m * inv) < (float)bins;
