@@ -403,26 +403,31 @@ def c_se_gate_mul(ctx, node, arg):
 
 
 @_cond()
-def c_neighbour_quantized(ctx, node, arg):
-    """Stage 2: the op's consumer (through data movement) or its producer conv is INT8."""
-    v, edges = ctx.view, ctx.plan.quantized_edges()
-    for c, i in v.through(node.outputs[0]):
-        if (c.name, i) in edges:
-            return True, "", {}
-    t = node.inputs[0]
-    for _ in range(6):
-        p = v.producer(t)
-        if p is None:
-            break
-        d = ctx.plan.decisions.get(p.name)
-        if v.vocab.is_(p, "weighted"):
-            if d is not None and d.quantized:
-                return True, "", {}
-            break
-        if not (v.vocab.is_(p, "copy") or v.vocab.is_(p, "epilogue") or v.vocab.is_(p, "batchnorm")):
-            break
+def c_se_gate_int8(ctx, node, arg):
+    """Stage 2: the conv that computes the SE gate (before its activation and bias Add) is INT8, so a
+    Q on the gate fuses into that conv's epilogue; after a float conv it would be a standalone reformat."""
+    v = ctx.view
+    for gate in [t for t in node.inputs if t.name and not v.is_constant(t)]:
+        p = v.producer(gate)
+        if p is None or not v.vocab.is_(p, "gate"):
+            continue
         t = p.inputs[0]
-    return False, "neither its producer conv nor its consumer is quantized (P7: pool only beside INT8)", {}
+        for _ in range(4):
+            q = v.producer(t)
+            if q is None:
+                break
+            if v.vocab.is_(q, "weighted"):
+                d = ctx.plan.decisions.get(q.name)
+                if d is not None and d.quantized:
+                    return True, "", {}
+                return False, (f"the gate's conv {q.name} runs in float, so a Q on the gate would be a "
+                               "standalone reformat (F6)"), {}
+            live = [i for i in q.inputs if i.name and not v.is_constant(i)]
+            if len(live) != 1 or not (v.vocab.is_(q, "epilogue") or v.vocab.is_(q, "batchnorm")
+                                      or v.vocab.is_(q, "elementwise")):
+                break
+            t = live[0]
+    return False, "no conv found behind the gate", {}
 
 
 @_cond()
@@ -431,7 +436,7 @@ def c_output_quantized(ctx, node, arg):
     for c, i in ctx.view.through(node.outputs[0]):
         if (c.name, i) in edges:
             return True, "", {}
-    return False, "its output feeds no quantized consumer, so Concat stays float (all inputs or none)", {}
+    return False, "its output feeds no quantized consumer: without a Q after it, it would run in float (F4)", {}
 
 
 CONDITIONS = {
@@ -439,7 +444,7 @@ CONDITIONS = {
     "constant_weight": c_constant_weight, "weight_rank": c_weight_rank, "attr": c_attr,
     "is_weighted": c_is_weighted, "feeds_graph_output": c_feeds_graph_output, "is_gemv": c_is_gemv,
     "is_tiny_conv": c_is_tiny_conv, "is_single_output_conv": c_is_single_output_conv, "residual_skip": c_residual_skip, "se_gate_mul": c_se_gate_mul,
-    "neighbour_quantized": c_neighbour_quantized, "output_quantized": c_output_quantized,
+    "se_gate_int8": c_se_gate_int8, "output_quantized": c_output_quantized,
 }
 
 
@@ -589,7 +594,8 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
     excluded = _exclusions(view, ruleset, ctx)
 
     for stage in (1, 2):
-        for node in view.nodes:
+        # stage 2 asks whether a node's output feeds a quantized consumer: consumers are decided first
+        for node in (view.nodes if stage == 1 else reversed(view.nodes)):
             if node.name in plan.decisions:
                 continue
             candidates = [r for r in ruleset.rules if _op_matches(view, r, node)]

@@ -42,7 +42,7 @@ CASES = {
     "P1-matmul-activations": (("bmm", "bmm"), ("bmm", "proj_a", "is a constant")),
     "P6-residual-add": (("residual_add", "add"), ("integer_path", "sum", "conv pattern")),
     "P9-se-mul": (("se_block", "se_mul"), ("silu_conv", "silu_mul", "SiLU")),
-    "P7-avgpool": (("concat_of_pools", "pool_b"), ("pool_float", "pool", "neither its producer conv nor its consumer")),
+    "P7-avgpool": (("concat_of_pools", "pool_b"), ("tiny_se_block", "gap", "feeds no quantized consumer")),
     "P8-concat": (("concat_of_pools", "concat"), ("concat_float", "concat", "feeds no quantized consumer")),
 }
 
@@ -92,6 +92,22 @@ def test_a_slim_se_block_stays_float():
     for node in ("se_reduce", "se_expand"):
         ok, why = explain(graph, node, "P10-tiny-conv")
         assert ok and "(< 16)" in why, why
+
+
+def test_a_slim_se_block_leaves_its_pool_and_mul_float_too():
+    """Its pool feeds a float conv and its gate comes from one, so neither the GlobalAveragePool nor
+    the SE Mul can run INT8 (F4): quantizing them (as MO's "producer or consumer is quantizable" does)
+    only adds standalone reformats. One is left: the Q in front of the INT8 head conv."""
+    m = motifs.tiny_se_block()
+    graph = cleaned_graph(m)
+    ok, why = explain(graph, "gap", "P7-avgpool")
+    assert not ok and "feeds no quantized consumer" in why, why
+    ok, why = explain(graph, "se_mul", "P9-se-mul")
+    assert not ok and "se_expand" in why and "runs in float" in why, why
+    sim = trtsim.simulate(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model)
+    inside = [x for x in sim.reformats if not x.at_graph_io]
+    assert [x.nodes for x in inside] == [["se_mul_out_q"]], [x.nodes for x in inside]
+    assert sim.summary["int8_flops_share"] > 0.99, sim.summary
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
