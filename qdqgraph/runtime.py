@@ -38,6 +38,15 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
         for lib in _custom_op_libraries:
             opts.register_custom_ops_library(lib)
         providers = providers or ["CPUExecutionProvider"]
+        light, weights = io.split_weights(model)
+        if weights and io.session_bytes(light) is not None:
+            # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
+            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()]
+            opts.add_external_initializers(list(weights), values)
+            sess = ort.InferenceSession(light.SerializeToString(), opts, providers=providers,
+                                        disabled_optimizers=DISABLED_OPTIMIZERS)
+            sess._qdqgraph_weights = (weights, values)
+            return sess
         blob = io.session_bytes(model)
         if blob is not None:
             return ort.InferenceSession(blob, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)

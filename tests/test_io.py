@@ -95,3 +95,44 @@ def test_shape_inference_without_weights_matches_onnx(monkeypatch):
     assert list(ours.graph.initializer) == list(m.graph.initializer)
     dims = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in ours.graph.value_info}
     assert dims["flat"] == ["N", 288]
+
+
+def test_sessions_take_large_weights_from_memory_with_the_same_results():
+    """runtime.session hands large initializers to onnxruntime from memory (not serialized): float32,
+    float16 and int8 (DQ) weights and an int64 table must give the results of a plain session, also
+    after the model object and its copy are gone."""
+    import gc
+
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qdqgraph import runtime
+    rng = np.random.default_rng(0)
+    w32 = rng.standard_normal((64, 64)).astype(np.float32)
+    w16 = rng.standard_normal((64, 64)).astype(np.float16)
+    w8 = rng.integers(-127, 128, (64, 64)).astype(np.int8)
+    table = rng.integers(0, 64, (1024,)).astype(np.int64)
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w32, "w32"), (w16, "w16"), (w8, "w8"), (table, "table"),
+                                                        (np.array(0.02, np.float32), "s"), (np.array(5, np.int64), "k"))]
+    nodes = [helper.make_node("MatMul", ["x", "w32"], ["a"]),
+             helper.make_node("Cast", ["a"], ["a16"], to=TensorProto.FLOAT16),
+             helper.make_node("MatMul", ["a16", "w16"], ["b16"]),
+             helper.make_node("Cast", ["b16"], ["b"], to=TensorProto.FLOAT),
+             helper.make_node("DequantizeLinear", ["w8", "s"], ["w8f"]),
+             helper.make_node("MatMul", ["b", "w8f"], ["c"]),
+             helper.make_node("Gather", ["table", "k"], ["g"]),
+             helper.make_node("Cast", ["g"], ["gf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["c", "gf"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    light, weights = io.split_weights(m)
+    assert set(weights) == {"w32", "w16", "w8", "table"} and light.ByteSize() < 2000
+    assert all(len(t.raw_data) == len(m.graph.initializer[i].raw_data) for i, t in enumerate(m.graph.initializer))
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    ref = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+    sess = runtime.session(m)
+    del m, light, weights
+    gc.collect()
+    for _ in range(3):
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], ref)
