@@ -97,7 +97,10 @@ def validate(model: onnx.ModelProto, name: str = "the model") -> None:
     """onnx.checker (not full_check) on an input model: a clear error instead of a crash later."""
     try:
         if tensor_bytes(model) < EXTERNAL_DATA_THRESHOLD:
-            onnx.checker.check_model(model)
+            # the weights stay out of the checker's copy (it serializes the model: 0.14 s of its 0.2 s
+            # on ResNet-50); their sizes are checked here instead
+            onnx.checker.check_model(_weights_as_inputs(model)[0])
+            _check_weight_sizes(model)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0]
         raise QdqError(f"{name} fails the ONNX checker ({first})",
@@ -129,23 +132,34 @@ SHAPES_ONLY_MIN_BYTES = 4096     # float initializers this large enter shape inf
 
 def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of `model` whose large float initializers are declared as typed graph inputs instead:
-    shape inference needs their shapes, not their values (data propagation reads the small integer
-    tensors, which stay). Returns (copy, number of inputs appended)."""
+    the checker and shape inference need their shapes, not their values (data propagation reads the
+    small integer tensors, which stay). Built field by field, so the weights are not copied. Returns
+    (copy, number of inputs appended)."""
     light = onnx.ModelProto()
-    light.CopyFrom(model)
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
     g = light.graph
     inputs = {i.name for i in g.input}
-    kept, added = [], 0
+    added = 0
     for t in model.graph.initializer:
         if t.data_type in _FLOAT_TYPES and len(t.raw_data) >= SHAPES_ONLY_MIN_BYTES:
             if t.name not in inputs:
                 g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
                 added += 1
         else:
-            kept.append(t)
-    del g.initializer[:]
-    g.initializer.extend(kept)
+            g.initializer.add().CopyFrom(t)
     return light, added
+
+
+def _check_weight_sizes(model: onnx.ModelProto) -> None:
+    """What the checker would say of the initializers `_weights_as_inputs` keeps out of its sight."""
+    for t in model.graph.initializer:
+        if t.data_type in _FLOAT_TYPES and len(t.raw_data) >= SHAPES_ONLY_MIN_BYTES:
+            need = int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            if len(t.raw_data) != need:
+                raise onnx.checker.ValidationError(
+                    f"TensorProto (tensor name: {t.name}) raw_data size ({len(t.raw_data)} bytes) does not match "
+                    f"the declared shape and type ({need} bytes required).")
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -136,3 +136,17 @@ def test_sessions_take_large_weights_from_memory_with_the_same_results():
     gc.collect()
     for _ in range(3):
         np.testing.assert_array_equal(sess.run(None, {"x": x})[0], ref)
+
+
+def test_checker_still_sees_a_truncated_weight(tmp_path):
+    """The checker runs on a copy without the large weights; their sizes are checked beside it, so a
+    truncated weight is still a clear one-line error."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    w.raw_data = w.raw_data[:-4]
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(QdqError, match=r"fails the ONNX checker .*tensor name: w\) raw_data size \(16380 bytes\)"):
+        io.validate(m)
