@@ -17,7 +17,7 @@ from . import io
 from .data import CalibrationData
 from .ops import DEQUANTIZE, QUANTIZE
 from .pipeline import model_inputs
-from .runtime import session
+from .runtime import graph_session
 
 
 @dataclass
@@ -137,8 +137,8 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         if ft[fname] not in f_graph.outputs:
             f_graph.outputs.append(ft[fname])
         q_graph.outputs.append(qt[qname])
-    f_sess = session(io.to_model(io.Loaded(graph=f_graph, ir_version=f_loaded.ir_version)), purpose="comparison")
-    q_sess = session(io.to_model(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version)), purpose="comparison")
+    f_sess = graph_session(io.Loaded(graph=f_graph, ir_version=f_loaded.ir_version), purpose="comparison")
+    q_sess = graph_session(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version), purpose="comparison")
     f_names = outs + [f for f, _ in pairs]
     q_names = outs + [q for _, q in pairs]
     out_acc = {o: _Acc() for o in outs}

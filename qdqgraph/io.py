@@ -231,6 +231,56 @@ def to_model(loaded: Loaded, provenance: dict[str, str] | None = None) -> onnx.M
     return model
 
 
+def _stub(name: str, data_type: int, dims, nbytes: int) -> onnx.TensorProto:
+    """An initializer that only refers to data held outside the proto (onnxruntime's external
+    initializers from memory supply it)."""
+    stub = onnx.TensorProto()
+    stub.name, stub.data_type, stub.data_location = name, data_type, onnx.TensorProto.EXTERNAL
+    stub.dims.extend(int(d) for d in dims)
+    for key, value in (("location", "qdqgraph-in-memory"), ("offset", "0"), ("length", str(nbytes))):
+        entry = stub.external_data.add()
+        entry.key, entry.value = key, value
+    return stub
+
+
+def fill_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of `model` whose stub initializers named in `weights` hold that data again."""
+    full = onnx.ModelProto()
+    full.CopyFrom(model)
+    for i, t in enumerate(full.graph.initializer):
+        if t.name in weights:
+            full.graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(weights[t.name], t.name))
+    return full
+
+
+def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """`to_model` for an onnxruntime session: the graph's large constants stay out of the proto as
+    stubs and come back as arrays (name -> array, the graph's own arrays, not copies). On ResNet-50
+    this skips exporting and then re-reading 100 MB of weights."""
+    swapped, arrays = [], {}
+    for t in loaded.graph.tensors().values():
+        v = getattr(t, "_values", None)
+        if not isinstance(t, gs.Constant) or isinstance(v, gs.ir.tensor.SparseValues) or v.nbytes < IN_MEMORY_MIN_BYTES:
+            continue
+        a = np.ascontiguousarray(t.values)
+        try:
+            data_type = onnx.helper.np_dtype_to_tensor_dtype(a.dtype)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if data_type not in _IN_MEMORY_TYPES:
+            continue
+        arrays[t.name] = a
+        swapped.append((t, v))
+        t._values = gs.ir.tensor.LazyValues(_stub(t.name, data_type, a.shape, a.nbytes))
+    try:
+        model = to_model(loaded)
+    finally:
+        for t, v in swapped:
+            t._values = v
+    used = {i.name for i in model.graph.initializer}
+    return model, {k: a for k, a in arrays.items() if k in used}
+
+
 def check(model: onnx.ModelProto) -> None:
     """onnx.checker with full_check; large models are checked from a temporary file."""
     if tensor_bytes(model) < EXTERNAL_DATA_THRESHOLD:

@@ -30,7 +30,20 @@ def register_custom_ops(path: str) -> None:
 DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
 
 
-def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose: str = "calibration"):
+def graph_session(loaded: io.Loaded, providers: list[str] | None = None, purpose: str = "calibration",
+                  outputs: list[str] | None = None):
+    """A session over a graphsurgeon graph whose large constants reach onnxruntime from memory;
+    `outputs`: float tensors to add as graph outputs."""
+    model, weights = io.to_model_and_weights(loaded)
+    if outputs:
+        model = io.with_outputs(model, outputs)
+    return session(model, providers, purpose, weights=weights)
+
+
+def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
+            weights: dict | None = None):
+    """A session over `model`; `weights` (name -> array) supply the initializers `model` holds only
+    as stubs (`io.to_model_and_weights`); without them, large initializers are split off here."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -38,7 +51,7 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
         for lib in _custom_op_libraries:
             opts.register_custom_ops_library(lib)
         providers = providers or ["CPUExecutionProvider"]
-        light, weights = io.split_weights(model)
+        light, weights = (model, weights) if weights is not None else io.split_weights(model)
         if weights and io.session_bytes(light) is not None:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
             values = [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()]
@@ -47,6 +60,8 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
                                         disabled_optimizers=DISABLED_OPTIMIZERS)
             sess._qdqgraph_weights = (weights, values)
             return sess
+        if weights:                      # the rest is still too large for one proto: write it all out
+            model = io.fill_weights(light, weights)
         blob = io.session_bytes(model)
         if blob is not None:
             return ort.InferenceSession(blob, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
@@ -65,8 +80,8 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
 def float_activations(loaded: io.Loaded, names: list[str], data, samples: int, purpose: str):
     """Yield {tensor: value} of the float model's tensors `names`, one calibration sample at a time,
     for the first `samples` samples."""
-    model = io.with_outputs(io.to_model(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version)), names)
-    sess = session(model, purpose=purpose)
+    sess = graph_session(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version), purpose=purpose,
+                         outputs=names)
     for k, feed in enumerate(data.batches(1)):
         if k >= samples:
             return

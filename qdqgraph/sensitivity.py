@@ -24,7 +24,7 @@ import onnx_graphsurgeon as gs
 
 from . import io
 from .data import CalibrationData
-from .runtime import session
+from .runtime import graph_session
 from .ops import DEQUANTIZE
 from .placement import Plan
 
@@ -139,7 +139,7 @@ def measure(quant_model: onnx.ModelProto, plan: Plan, data: CalibrationData, sam
     start = time.perf_counter()
     loaded = io.load(quant_model)
     graph, flags = switchable(loaded.graph, plan)
-    sess = session(io.to_model(io.Loaded(graph=graph, ir_version=loaded.ir_version)), purpose="sensitivity")
+    sess = graph_session(io.Loaded(graph=graph, ir_version=loaded.ir_version), purpose="sensitivity")
     outs = [o.name for o in graph.outputs]
     # the first `samples` samples, as one batch where the model's batch axis is dynamic
     batches, seen = [], 0

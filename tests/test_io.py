@@ -150,3 +150,27 @@ def test_checker_still_sees_a_truncated_weight(tmp_path):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(QdqError, match=r"fails the ONNX checker .*tensor name: w\) raw_data size \(16380 bytes\)"):
         io.validate(m)
+
+
+def test_graph_sessions_leave_the_graph_as_it_was_and_match_a_plain_export(monkeypatch):
+    """graph_session exports the graph with its large constants as stubs and hands the graph's own
+    arrays to onnxruntime: the results equal a session over the full export, and every constant of
+    the graph keeps its values object."""
+    import onnxruntime as ort
+
+    from qdqgraph import runtime
+    monkeypatch.setattr(io, "IN_MEMORY_MIN_BYTES", 256)           # the motif's conv weights qualify
+    m = motifs.residual_add()
+    loaded = io.load(m)
+    before = {t.name: t._values for t in loaded.graph.tensors().values() if hasattr(t, "_values")}
+    light, weights = io.to_model_and_weights(loaded)
+    assert weights and all(a.nbytes >= 256 for a in weights.values())
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in light.graph.initializer if t.name in weights)
+    after = {t.name: t._values for t in loaded.graph.tensors().values() if hasattr(t, "_values")}
+    assert all(after[k] is v for k, v in before.items())
+    x = motifs.sample_data(m)["x"][0]
+    name = loaded.graph.inputs[0].name
+    ref = ort.InferenceSession(io.to_model(loaded).SerializeToString()).run(None, {name: x})
+    got = runtime.graph_session(loaded).run(None, {name: x})
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(a, b)

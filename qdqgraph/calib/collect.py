@@ -36,7 +36,7 @@ import onnx_graphsurgeon as gs
 from .. import io
 from ..data import CalibrationData
 from ..errors import QdqError
-from ..runtime import session
+from ..runtime import graph_session
 from .histogram import COMPILED, RangeState
 
 
@@ -171,7 +171,7 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
     else:
         graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride)
     shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
-    sess = session(io.to_model(shell), providers)
+    sess = graph_session(shell, providers)
     states = {rep: new_state(method) for rep in groups}
     start = time.perf_counter()
 
