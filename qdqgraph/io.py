@@ -277,8 +277,24 @@ def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.
     finally:
         for t, v in swapped:
             t._values = v
+    # onnxruntime supplies only the main graph's initializers; a constant that an If/Loop body also
+    # lists as its own initializer gets its data back there
+    for sub in _subgraphs(model.graph):
+        for i, t in enumerate(sub.initializer):
+            if t.name in arrays and t.data_location == onnx.TensorProto.EXTERNAL:
+                sub.initializer[i].CopyFrom(onnx.numpy_helper.from_array(arrays[t.name], t.name))
     used = {i.name for i in model.graph.initializer}
     return model, {k: a for k, a in arrays.items() if k in used}
+
+
+def _subgraphs(graph: onnx.GraphProto):
+    """Every If/Loop/Scan body under `graph`, nested ones included."""
+    for node in graph.node:
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                      list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                yield g
+                yield from _subgraphs(g)
 
 
 def check(model: onnx.ModelProto) -> None:

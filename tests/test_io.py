@@ -174,3 +174,31 @@ def test_graph_sessions_leave_the_graph_as_it_was_and_match_a_plain_export(monke
     got = runtime.graph_session(loaded).run(None, {name: x})
     for a, b in zip(got, ref):
         np.testing.assert_array_equal(a, b)
+
+
+def test_graph_session_with_a_weight_read_inside_an_if_body(monkeypatch):
+    """A constant used by a main-graph node and inside an If body: the body's copy keeps its data
+    (onnxruntime supplies only the main graph's initializers from memory)."""
+    import onnx_graphsurgeon as gs
+
+    from qdqgraph import runtime
+    monkeypatch.setattr(io, "IN_MEMORY_MIN_BYTES", 64)
+    w = gs.Constant("w", np.arange(64, dtype=np.float32).reshape(8, 8) / 64)
+    x = gs.Variable("x", np.float32, [1, 8])
+    cond = gs.Variable("cond", np.bool_, [])
+    body_out = gs.Variable("b", np.float32, [1, 8])
+    then = gs.Graph(nodes=[gs.Node("MatMul", inputs=[x, w], outputs=[body_out])], outputs=[body_out])
+    other = gs.Variable("o", np.float32, [1, 8])
+    orelse = gs.Graph(nodes=[gs.Node("Relu", inputs=[x], outputs=[other])], outputs=[other])
+    y_if = gs.Variable("y_if", np.float32, [1, 8])
+    y_mm = gs.Variable("y_mm", np.float32, [1, 8])
+    g = gs.Graph(nodes=[gs.Node("If", inputs=[cond], outputs=[y_if], attrs={"then_branch": then, "else_branch": orelse}),
+                        gs.Node("MatMul", inputs=[x, w], outputs=[y_mm])],
+                 inputs=[x, cond], outputs=[y_if, y_mm], opset=17)
+    loaded = io.Loaded(graph=g, ir_version=8)
+    model, weights = io.to_model_and_weights(loaded)
+    assert "w" in weights
+    xv = np.ones((1, 8), np.float32)
+    y_if_v, y_mm_v = runtime.graph_session(loaded).run(None, {"x": xv, "cond": np.array(True)})
+    np.testing.assert_allclose(y_if_v, xv @ w.values, rtol=1e-6)
+    np.testing.assert_allclose(y_mm_v, xv @ w.values, rtol=1e-6)
