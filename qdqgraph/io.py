@@ -130,6 +130,11 @@ _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorPro
 SHAPES_ONLY_MIN_BYTES = 4096     # float initializers this large enter shape inference as typed inputs
 
 
+def _shapes_only(t: onnx.TensorProto) -> bool:
+    """A large float initializer: the checker and shape inference see it as a typed input."""
+    return t.data_type in _FLOAT_TYPES and len(t.raw_data) >= SHAPES_ONLY_MIN_BYTES
+
+
 def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of `model` whose large float initializers are declared as typed graph inputs instead:
     the checker and shape inference need their shapes, not their values (data propagation reads the
@@ -142,7 +147,7 @@ def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     inputs = {i.name for i in g.input}
     added = 0
     for t in model.graph.initializer:
-        if t.data_type in _FLOAT_TYPES and len(t.raw_data) >= SHAPES_ONLY_MIN_BYTES:
+        if _shapes_only(t):
             if t.name not in inputs:
                 g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
                 added += 1
@@ -154,7 +159,7 @@ def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 def _check_weight_sizes(model: onnx.ModelProto) -> None:
     """What the checker would say of the initializers `_weights_as_inputs` keeps out of its sight."""
     for t in model.graph.initializer:
-        if t.data_type in _FLOAT_TYPES and len(t.raw_data) >= SHAPES_ONLY_MIN_BYTES:
+        if _shapes_only(t):
             need = int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
             if len(t.raw_data) != need:
                 raise onnx.checker.ValidationError(
@@ -434,12 +439,7 @@ def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
             continue
         raw = t.raw_data
         arrays[t.name] = np.frombuffer(raw, dtype=onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).reshape(tuple(t.dims))
-        stub = light.graph.initializer.add()
-        stub.name, stub.data_type, stub.data_location = t.name, t.data_type, onnx.TensorProto.EXTERNAL
-        stub.dims.extend(t.dims)
-        for key, value in (("location", "qdqgraph-in-memory"), ("offset", "0"), ("length", str(len(raw)))):
-            entry = stub.external_data.add()
-            entry.key, entry.value = key, value
+        light.graph.initializer.append(_stub(t.name, t.data_type, t.dims, len(raw)))
     return light, arrays
 
 

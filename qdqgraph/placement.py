@@ -218,11 +218,16 @@ def _is_first_layer(ctx, node):
     return False
 
 
+def _is_plain_conv(ctx, node) -> bool:
+    """A Conv (not a ConvTranspose): its weight is [Cout, Cin/g, k...]."""
+    return ctx.view.vocab.is_(node, "conv") and not ctx.view.vocab.is_(node, "conv_transpose")
+
+
 @_cond()
 def c_is_single_output_conv(ctx, node, arg):
     """A Conv with one output channel: implicit GEMM with N == 1, so a GEMV (P10), whose INT8 input
     would cost a Q for almost no arithmetic (silero-vad's 128 -> 1 decoder head)."""
-    if node.op != "Conv":
+    if not _is_plain_conv(ctx, node):
         return False, "not a Conv", {}
     w = ctx.view.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
     if w is None or w.ndim < 3:
@@ -235,7 +240,7 @@ def c_is_single_output_conv(ctx, node, arg):
 @_cond()
 def c_is_tiny_conv(ctx, node, arg):
     """Convs with < 16 input or output channels, except shapes INT8 kernels handle well (P10)."""
-    if node.op != "Conv":
+    if not _is_plain_conv(ctx, node):
         return False, "not a Conv", {}
     w = ctx.view.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
     if w is None or w.ndim < 3:

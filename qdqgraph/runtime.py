@@ -52,12 +52,12 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
             opts.register_custom_ops_library(lib)
         providers = providers or ["CPUExecutionProvider"]
         light, weights = (model, weights) if weights is not None else io.split_weights(model)
-        if weights and io.session_bytes(light) is not None:
+        blob = io.session_bytes(light) if weights else None
+        if blob is not None:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
             values = [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()]
             opts.add_external_initializers(list(weights), values)
-            sess = ort.InferenceSession(light.SerializeToString(), opts, providers=providers,
-                                        disabled_optimizers=DISABLED_OPTIMIZERS)
+            sess = ort.InferenceSession(blob, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
             sess._qdqgraph_weights = (weights, values)
             return sess
         if weights:                      # the rest is still too large for one proto: write it all out
