@@ -32,10 +32,11 @@ not depend on how its data was cut into batches once the final width is the same
 
 Speed: for float32 data `update` calls the compiled kernel `_abshist` (built from
 `_abshist.c` at install when a C compiler is there): one pass that finds max |x| and counts the
-indices with the same float32 arithmetic, releasing the GIL. Without it, numpy does abs, max, one
-multiply, a float->int32 cast and `np.bincount` (never `np.histogram`, 7x slower). Measured on
-the development machine (2 shared CPUs, best of 5x20 calls, a 1x256x56x56 float32 tensor):
-0.91 ms per update with the kernel (1.1 ns per value), 1.78 ms with numpy (2.2 ns per value).
+indices with the same float32 arithmetic, releasing the GIL, with an AVX-512 or AVX2 loop where the
+CPU has one. Without it, numpy does abs, max, one multiply, a float->int32 cast and `np.bincount`
+(never `np.histogram`, 7x slower). Measured on the development machine (best of 5x20 updates of a
+1x256x56x56 float32 ReLU output, half zeros, in cache): AVX-512 0.26 ms (0.32 ns per value), AVX2
+0.49 ms, generic C 1.15 ms, numpy 3.9 ms.
 """
 from __future__ import annotations
 
