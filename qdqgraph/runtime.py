@@ -1,6 +1,7 @@
 """onnxruntime sessions for calibration, comparison and sensitivity: one place that builds them."""
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -40,16 +41,27 @@ def graph_session(loaded: io.Loaded, providers: list[str] | None = None, purpose
     return session(model, providers, purpose, weights=weights)
 
 
-def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
-            weights: dict | None = None):
-    """A session over `model`; `weights` (name -> array) supply the initializers `model` holds only
-    as stubs (`io.to_model_and_weights`); without them, large initializers are split off here."""
+def _options(spin: bool = True):
+    """Session options; `spin=False`: onnxruntime's worker threads sleep as soon as a run ends
+    instead of spinning for the next, so work between runs (binning) gets the cores."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for lib in _custom_op_libraries:
+        opts.register_custom_ops_library(lib)
+    return opts
+
+
+def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
+            weights: dict | None = None, opts=None):
+    """A session over `model`; `weights` (name -> array) supply the initializers `model` holds only
+    as stubs (`io.to_model_and_weights`); without them, large initializers are split off here.
+    `opts`: session options of the caller's own (custom-op libraries already registered)."""
+    import onnxruntime as ort
     try:
-        for lib in _custom_op_libraries:
-            opts.register_custom_ops_library(lib)
+        opts = opts or _options()
         providers = providers or ["CPUExecutionProvider"]
         light, weights = (model, weights) if weights is not None else io.split_weights(model)
         blob = io.session_bytes(light) if weights else None
@@ -75,6 +87,116 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
         fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + ", or --calib-cache FILE"
                if custom else "check that the model runs in onnxruntime, or pass --calib-cache")
         raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
+
+
+# onnxruntime's CPU provider runs convolutions in a blocked channel layout (NCHWc: channels in
+# blocks of 8 with AVX2, 16 with AVX-512) and adds a ReorderOutput node for every graph output it
+# has to hand back in NCHW. When the observed tensors are graph outputs, those reorders are work
+# inference alone never does: on ResNet-50 (53 observed tensors) a batch-1 run took 33.6 ms
+# instead of 27.1. A histogram or a max does not depend on the order of the values, so the
+# calibration session can hand out the blocked tensors as they are, provided no channel padding is
+# in them: only tensors whose channel count is a multiple of the largest block are taken blocked,
+# and the caller checks the first run's shapes (`BlockedOutputs.check`).
+_NCHWC = "com.microsoft.nchwc"
+_REORDER_OUTPUT = "ReorderOutput"
+NCHWC_LARGEST_BLOCK = 16
+
+
+class BlockedOutputs:
+    """What `unordered_session` did: `fetch` maps each requested output to the name to fetch, and
+    `channels` holds, for the outputs fetched blocked, the channel count they must show."""
+
+    def __init__(self, fetch: dict[str, str], channels: dict[str, int]):
+        self.fetch, self.channels = fetch, channels
+
+    def check(self, arrays: dict) -> bool:
+        """True if every blocked output of a run (name -> array) carries exactly its channels."""
+        return all(arrays[n].ndim >= 2 and arrays[n].shape[1] == c for n, c in self.channels.items())
+
+
+def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str] | None = None,
+                      purpose: str = "calibration", blocked: bool = True):
+    """A session over `loaded` with the float tensors `outputs` as graph outputs, for consumers to
+    whom only the multiset of values matters (histograms, max): with onnxruntime's CPU provider,
+    outputs it computes in a blocked channel layout come out in that layout (see above) unless
+    `blocked` is False.
+    The consumer works between runs, so onnxruntime's threads do not spin after a run (measured on
+    ResNet-50 at batch 8: calibration loop 2.16-2.28 s -> 2.06-2.10 s for 64 samples).
+    Returns (session, BlockedOutputs)."""
+    model, weights = io.to_model_and_weights(loaded)
+    model = io.with_outputs(model, outputs)
+    same = BlockedOutputs({n: n for n in outputs}, {})
+
+    def plain():
+        return session(model, providers, purpose, weights=weights, opts=_options(spin=False))
+    if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"]:
+        return plain(), same
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
+        # onnxruntime optimizes the graph and writes the result (weights in a file beside it); any
+        # failure on this way (a full disk, a model it cannot save) leaves the plain-layout session
+        opts = _options(spin=False)
+        opts.optimized_model_filepath = os.path.join(d, "optimized.onnx")
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+        opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        try:
+            first = session(model, providers, purpose, weights=weights, opts=opts)
+            optimized = onnx.load(opts.optimized_model_filepath, load_external_data=False)
+        except Exception:                # the plain session says what is wrong if it also fails
+            return plain(), same
+        found = _drop_reorders(optimized, set(outputs))
+        if not found.channels:
+            return first, same
+        del first
+        import onnxruntime as ort
+        opts = _options(spin=False)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            path = os.path.join(d, "unordered.onnx")
+            onnx.save(optimized, path)
+            return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]), found
+        except Exception:
+            return plain(), same
+
+
+def _drop_reorders(model: onnx.ModelProto, outputs: set[str]) -> BlockedOutputs:
+    """Remove the ReorderOutput nodes that only convert a requested graph output back from a blocked
+    layout without padding, and output their blocked input instead (in place)."""
+    g = model.graph
+    used = _inputs_read(g)
+    producer = {o: n for n in g.node for o in n.output}
+    fetch, channels, dropped = {}, {}, []
+    outs = [o.name for o in g.output]
+    for name in outs:
+        if name not in outputs:
+            continue
+        fetch[name] = name
+        n = producer.get(name)
+        if n is None or n.domain != _NCHWC or n.op_type != _REORDER_OUTPUT or name in used:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        c, src = attrs.get("channels", 0), n.input[0]
+        if attrs.get("channels_last", 0) or c <= 0 or c % NCHWC_LARGEST_BLOCK or src in outs or src in channels:
+            continue
+        fetch[name], channels[src] = src, int(c)
+        dropped.append(n)
+    for n in dropped:
+        g.node.remove(n)
+    for o in g.output:
+        if o.name in fetch and fetch[o.name] != o.name:
+            new = fetch[o.name]
+            o.CopyFrom(onnx.helper.make_tensor_value_info(new, onnx.TensorProto.FLOAT, None))
+    return BlockedOutputs(fetch, channels)
+
+
+def _inputs_read(g: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of `g` or of any subgraph reads."""
+    names = set()
+    for n in g.node:
+        names.update(n.input)
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names |= _inputs_read(sub)
+    return names
 
 
 def float_activations(loaded: io.Loaded, names: list[str], data, samples: int, purpose: str):

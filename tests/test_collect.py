@@ -191,3 +191,118 @@ def test_bound_outputs_follow_input_shape_changes():
         got = [a.copy() for a in out]
         np.testing.assert_array_equal(got[0], sess.run([fetch["mid"]], feed)[0])
         assert got[0].shape == (shape[0], 32, shape[2], shape[3])
+
+
+def _spy_sessions(monkeypatch) -> list:
+    """Record (blocked layout asked for, channels of the outputs fetched blocked) per session."""
+    calls = []
+    real = collect_module.unordered_session
+
+    def spy(*args, **kwargs):
+        sess, blocked = real(*args, **kwargs)
+        calls.append((kwargs.get("blocked", True), dict(blocked.channels)))
+        return sess, blocked
+    monkeypatch.setattr(collect_module, "unordered_session", spy)
+    return calls
+
+
+needs_kernel = pytest.mark.skipif(not histogram_module.COMPILED,
+                                  reason="the compiled histogram kernel was not built (no C compiler at install)")
+
+
+@needs_kernel
+@pytest.mark.parametrize("method", ["entropy", "max"])
+def test_blocked_layout_outputs_give_the_plain_layout_results(monkeypatch, method):
+    """Convolutions of 16 and 32 channels run in onnxruntime's blocked layout; their outputs are
+    fetched as they are, and the states equal numpy's over the plain-layout tensors."""
+    calls = _spy_sessions(monkeypatch)
+    m = motifs.concat_of_pools()
+    loaded, plan = prepared(m)
+    data = CalibrationData(motifs.sample_data(m, n=6), model_inputs(loaded.graph))
+    got = collect(loaded, plan.groups(), data, method=method)
+    if not calls[0][1]:
+        pytest.skip("onnxruntime ran no convolution in its blocked (NCHWc) layout on this CPU")
+    assert len(calls) == 1 and all(c in (16, 32) for c in calls[0][1].values())
+    ref = reference_states(loaded, plan.groups(), data)
+    for rep in plan.groups():
+        assert got.states[rep].amax == ref[rep].amax
+        if method == "entropy":
+            assert got.states[rep].width == ref[rep].width
+            np.testing.assert_array_equal(got.states[rep].counts, ref[rep].counts)
+
+
+@needs_kernel
+def test_padded_blocked_outputs_are_collected_again_in_plain_layout(monkeypatch):
+    """A blocked output whose channel count is not its tensor's (padding) must not be binned: the
+    whole collection restarts in plain layout, progress counted once."""
+    from qdqgraph import runtime
+    calls = _spy_sessions(monkeypatch)
+    shapes = []
+
+    def padded(self, arrays):
+        shapes.extend(arrays[n].shape for n in self.channels)
+        return not self.channels         # as if every blocked output carried padded channels
+    monkeypatch.setattr(runtime.BlockedOutputs, "check", padded)
+    m = motifs.residual_add()
+    loaded, plan = prepared(m)
+    data = CalibrationData(motifs.sample_data(m, n=5), model_inputs(loaded.graph))
+    done = []
+    got = collect(loaded, plan.groups(), data, method="entropy", progress=done.append)
+    if not calls[0][1]:
+        pytest.skip("onnxruntime ran no convolution in its blocked (NCHWc) layout on this CPU")
+    assert [c[0] for c in calls] == [True, False] and calls[1][1] == {} and shapes
+    assert sum(done) == 5 and got.samples == 5
+    ref = reference_states(loaded, plan.groups(), data)
+    for rep in plan.groups():
+        np.testing.assert_array_equal(got.states[rep].counts, ref[rep].counts)
+        assert got.states[rep].count == ref[rep].count
+
+
+def test_blocked_outputs_check_channels():
+    from qdqgraph.runtime import BlockedOutputs
+    b = BlockedOutputs({"a": "a_blocked"}, {"a_blocked": 16})
+    assert b.check({"a_blocked": np.zeros((1, 16, 4, 4), np.float32)})
+    assert not b.check({"a_blocked": np.zeros((1, 32, 4, 4), np.float32)})
+    assert not b.check({"a_blocked": np.zeros(16, np.float32)})
+
+
+def test_reorders_read_by_a_node_or_padded_stay():
+    """Only a reorder whose output nothing but the graph output reads, of a channel count that no
+    block size pads, is dropped."""
+    from onnx import helper
+    from qdqgraph.runtime import NCHWC_LARGEST_BLOCK, _drop_reorders
+
+    def reorder(src, dst, channels):
+        return helper.make_node("ReorderOutput", [src], [dst], domain="com.microsoft.nchwc", channels=channels)
+    nodes = [reorder("b1", "t1", 32), reorder("b2", "t2", 32), reorder("b3", "t3", 12),
+             helper.make_node("Relu", ["t2"], ["r"])]
+    outs = [helper.make_tensor_value_info(n, 1, None) for n in ("t1", "t2", "t3", "r")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [], outs))
+    got = _drop_reorders(model, {"t1", "t2", "t3"})
+    assert NCHWC_LARGEST_BLOCK == 16
+    assert got.fetch == {"t1": "b1", "t2": "t2", "t3": "t3"} and got.channels == {"b1": 32}
+    assert [n.output[0] for n in model.graph.node] == ["t2", "t3", "r"]
+    assert [o.name for o in model.graph.output] == ["b1", "t2", "t3", "r"]
+
+
+def test_a_failed_optimized_model_leaves_the_plain_layout_session(monkeypatch):
+    """Writing onnxruntime's optimized model is a speed-up only: when it fails (here a full disk),
+    calibration goes on in plain layout."""
+    import errno
+
+    import onnx
+
+    from qdqgraph import runtime
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(onnx, "save", full)
+    m = motifs.residual_add()
+    loaded, plan = prepared(m)
+    names = sorted({t for ms in plan.groups().values() for t in ms} - {"x"})
+    sess, blocked = runtime.unordered_session(loaded, names)
+    assert blocked.channels == {} and blocked.fetch == {n: n for n in names}
+    feed = {"x": motifs.sample_data(m, n=1)["x"][0]}
+    plain = ort.InferenceSession(io.with_outputs(io.to_model(loaded), names).SerializeToString())
+    for a, b in zip(sess.run(names, feed), plain.run(names, feed)):
+        np.testing.assert_array_equal(a, b)
