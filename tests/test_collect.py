@@ -306,3 +306,28 @@ def test_a_failed_optimized_model_leaves_the_plain_layout_session(monkeypatch):
     plain = ort.InferenceSession(io.with_outputs(io.to_model(loaded), names).SerializeToString())
     for a, b in zip(sess.run(names, feed), plain.run(names, feed)):
         np.testing.assert_array_equal(a, b)
+
+
+@needs_kernel
+def test_blocked_outputs_with_samples_of_different_sizes(monkeypatch):
+    """Dynamic height and width: each new input shape rebinds the blocked outputs, checked again,
+    and the histograms equal numpy's over the plain-layout tensors."""
+    calls = _spy_sessions(monkeypatch)
+    g = motifs.G("dyn_blocked")
+    x = g.input("x", ["n", 16, "h", "w"])
+    a = g.node("Relu", [g.conv(x, 16, 32, "c1")], name="r1")
+    b = g.node("Relu", [g.conv(a, 32, 16, "c2")], name="r2")
+    g.node("Conv", [b, g.weight("w3", (16, 16, 1, 1))], ["y"], name="c3", kernel_shape=[1, 1])
+    g.output("y")
+    loaded, plan = prepared(g.model())
+    rng = np.random.default_rng(3)
+    chunks = [{"x": rng.standard_normal((2, 1, 16, h, w)).astype(np.float32)} for h, w in ((8, 8), (5, 11), (8, 8))]
+    data = CalibrationData(chunks, model_inputs(loaded.graph))
+    got = collect(loaded, plan.groups(), data, method="entropy")
+    if not calls[0][1]:
+        pytest.skip("onnxruntime ran no convolution in its blocked (NCHWc) layout on this CPU")
+    assert len(calls) == 1 and got.samples == 6
+    ref = reference_states(loaded, plan.groups(), data)
+    for rep in plan.groups():
+        np.testing.assert_array_equal(got.states[rep].counts, ref[rep].counts)
+        assert got.states[rep].amax == ref[rep].amax and got.states[rep].count == ref[rep].count
