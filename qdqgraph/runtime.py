@@ -5,7 +5,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from . import io
@@ -93,45 +92,29 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
 
 
 # onnxruntime's CPU provider runs convolutions in a blocked channel layout (NCHWc: channels in
-# blocks of 8 with AVX2, 16 with AVX-512, the last block padded) and adds a ReorderOutput node for
-# every graph output it has to hand back in NCHW. When the observed tensors are graph outputs, those
-# reorders are work inference alone never does: on ResNet-50 (53 observed tensors) a batch-1 run
-# took 33.6 ms instead of 27.1 for plain inference, and 29.3 with the blocked tensors as outputs. A
-# histogram or a max does not depend on the order of the values, so the calibration session hands
-# out the blocked tensors as they are, cut into the parts that hold the tensor's values when the
-# last block carries padding (`BlockedOutputs.parts`).
+# blocks of 8 with AVX2, 16 with AVX-512) and adds a ReorderOutput node for every graph output it
+# has to hand back in NCHW. When the observed tensors are graph outputs, those reorders are work
+# inference alone never does: on ResNet-50 (53 observed tensors) a batch-1 run took 33.6 ms
+# instead of 27.1 for plain inference, and 29.3 with the blocked tensors as outputs. A histogram
+# or a max does not depend on the order of the values, so the calibration session can hand out the
+# blocked tensors as they are, provided no channel padding is in them: only tensors whose channel
+# count is a multiple of the largest block are taken blocked, and the caller checks every run's
+# shapes (`BlockedOutputs.check`).
 _NCHWC = "com.microsoft.nchwc"
 _REORDER_OUTPUT = "ReorderOutput"
-NCHWC_LARGEST_BLOCK = 16         # a channel count that is a multiple of this is never padded
-_block_size: list = []           # onnxruntime's block size here, once known (None: not found)
+NCHWC_LARGEST_BLOCK = 16
 
 
 class BlockedOutputs:
-    """What `unordered_session` did: `fetch` maps each requested output to the name to fetch,
-    `channels` holds the channel count of each output fetched blocked, and `block` the block size
-    (None if unknown: then only unpadded outputs are fetched blocked)."""
+    """What `unordered_session` did: `fetch` maps each requested output to the name to fetch, and
+    `channels` holds, for the outputs fetched blocked, the channel count they must show."""
 
-    def __init__(self, fetch: dict[str, str], channels: dict[str, int], block: int | None = None):
-        self.fetch, self.channels, self.block = fetch, channels, block
+    def __init__(self, fetch: dict[str, str], channels: dict[str, int]):
+        self.fetch, self.channels = fetch, channels
 
-    def parts(self, name: str, a: np.ndarray):
-        """The run's output `name` as an array, or, when it is blocked with a padded last block, a
-        list of arrays that hold exactly the tensor's values between them. Raises ValueError for
-        a channel padding the block size does not explain."""
-        c = self.channels.get(name)
-        if c is None or (a.ndim >= 2 and a.shape[1] == c):
-            return a
-        b = self.block
-        if b is None or a.ndim < 3 or a.shape[1] != -(-c // b) * b:
-            raise ValueError(f"blocked output {name}: {a.shape[1]} channels for {c}")
-        n = a.shape[0]
-        # memory order [n][channel block][spatial][lane]: whole blocks, then the valid lanes of the last
-        v = a.reshape(n, a.shape[1] // b, -1, b)
-        whole, rest = divmod(c, b)
-        out = [v[i, :whole] for i in range(n)] if whole else []
-        if rest:
-            out.append(np.ascontiguousarray(v[:, whole, :, :rest]))
-        return out
+    def check(self, arrays: dict) -> bool:
+        """True if every blocked output of a run (name -> array) carries exactly its channels."""
+        return all(arrays[n].ndim >= 2 and arrays[n].shape[1] == c for n, c in self.channels.items())
 
 
 def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str] | None = None,
@@ -164,7 +147,7 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
             optimized = onnx.load(opts.optimized_model_filepath, load_external_data=False)
         except Exception:                # the plain session says what is wrong if it also fails
             return plain(), same
-        found = _drop_reorders(optimized, set(outputs), nchwc_block())
+        found = _drop_reorders(optimized, set(outputs))
         if not found.channels:
             return first, same
         del first
@@ -179,10 +162,9 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
             return plain(), same
 
 
-def _drop_reorders(model: onnx.ModelProto, outputs: set[str], block: int | None = None) -> BlockedOutputs:
+def _drop_reorders(model: onnx.ModelProto, outputs: set[str]) -> BlockedOutputs:
     """Remove the ReorderOutput nodes that only convert a requested graph output back from a blocked
-    layout (one without padding if `block` is unknown), and output their blocked input instead
-    (in place)."""
+    layout without padding, and output their blocked input instead (in place)."""
     g = model.graph
     used = _inputs_read(g)
     producer = {o: n for n in g.node for o in n.output}
@@ -196,9 +178,7 @@ def _drop_reorders(model: onnx.ModelProto, outputs: set[str], block: int | None 
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         c, src = attrs.get("channels", 0), n.input[0]
-        if attrs.get("channels_last", 0) or c <= 0 or src in outs or src in channels:
-            continue
-        if block is None and c % NCHWC_LARGEST_BLOCK:
+        if attrs.get("channels_last", 0) or c <= 0 or c % NCHWC_LARGEST_BLOCK or src in outs or src in channels:
             continue
         fetch[name], channels[src] = src, int(c)
         dropped.append(n)
@@ -208,45 +188,7 @@ def _drop_reorders(model: onnx.ModelProto, outputs: set[str], block: int | None 
         if o.name in fetch and fetch[o.name] != o.name:
             new = fetch[o.name]
             o.CopyFrom(onnx.helper.make_tensor_value_info(new, onnx.TensorProto.FLOAT, None))
-    return BlockedOutputs(fetch, channels, block)
-
-
-def nchwc_block() -> int | None:
-    """onnxruntime's NCHWc block size on this machine, read once off a probe: a 1x1 convolution
-    with 4 output channels, which the blocked layout pads to one whole block. None if the probe
-    finds no blocked layout."""
-    if not _block_size:
-        _block_size.append(_probe_block())
-    return _block_size[0]
-
-
-def _probe_block() -> int | None:
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-    w = numpy_helper.from_array(np.ones((4, 16, 1, 1), np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 2, 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 2])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
-            opts.optimized_model_filepath = os.path.join(d, "probe.onnx")
-            ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-            optimized = onnx.load(opts.optimized_model_filepath)
-        found = _drop_reorders(optimized, {"y"}, block=1)
-        if not found.channels:
-            return None
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(optimized.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        (y,) = sess.run([found.fetch["y"]], {"x": np.ones((1, 16, 2, 2), np.float32)})
-        return int(y.shape[1]) if y.ndim == 4 and y.shape[1] > 4 else None
-    except Exception:
-        return None
+    return BlockedOutputs(fetch, channels)
 
 
 def _inputs_read(g: onnx.GraphProto) -> set[str]:

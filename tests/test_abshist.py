@@ -173,31 +173,3 @@ def test_kernel_rejects_read_only_counts():
     counts.setflags(write=False)
     with pytest.raises((TypeError, ValueError, BufferError)):
         _abshist.abs_hist(np.ones(3, np.float32), 1.0, counts)
-
-
-@needs_kernel
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(floats, min_size=1, max_size=4), min_size=1, max_size=4))
-def test_parts_of_a_batch_count_as_their_concatenation(batches):
-    """A tensor handed over in pieces (a blocked output with a padded last block) gives the state
-    of the whole tensor, range growth included."""
-    from qdqgraph.calib.collect import MaxState
-    pieces, whole = RangeState(64), RangeState(64)
-    max_pieces, max_whole = MaxState(), MaxState()
-    for parts in batches:
-        pieces.update_parts(parts)
-        whole.update(np.concatenate(parts))
-        max_pieces.update_parts(parts)
-        max_whole.update(np.concatenate(parts))
-    assert pieces.to_dict() == whole.to_dict()
-    assert max_pieces.to_dict() == max_whole.to_dict()
-
-
-@needs_kernel
-def test_parts_with_a_bad_value_count_nothing():
-    s = RangeState(8)
-    s.update(np.array([1.0, 2.0], np.float32))
-    before = s.to_dict()
-    with pytest.raises(ValueError, match="NaN"):
-        s.update_parts([np.ones(3, np.float32), np.array([np.nan], np.float32)])
-    assert s.to_dict() == before

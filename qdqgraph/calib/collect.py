@@ -59,15 +59,11 @@ class MaxState:
 
     def update(self, x) -> None:
         """Add the values of `x` (any shape). Raises ValueError if any value is NaN or +-Inf."""
-        self.update_parts([x])
-
-    def update_parts(self, parts) -> None:
-        """Add the values of several arrays as one batch."""
-        arrays = [np.asarray(p) for p in parts]
-        m = float(np.max([abs_max(a if a.dtype.kind == "f" else a.astype(np.float64)) for a in arrays]))
+        a = np.asarray(x)
+        m = abs_max(a if a.dtype.kind == "f" else a.astype(np.float64))
         if not np.isfinite(m):
             raise ValueError(f"non-finite values ({'NaN' if np.isnan(m) else 'Inf'}) in calibration data")
-        self.add(m, sum(a.size for a in arrays))
+        self.add(m, a.size)
 
     def to_dict(self) -> dict:
         return {"format": "qdqgraph-max-state", "amax": self.amax, "count": self.count}
@@ -287,18 +283,12 @@ def _collect_histograms(sess, probes, owner, states, batches, progress) -> tuple
 
 
 def _bin_group(tensors, states, state, values, sample) -> None:
-    """Bin the batch's tensors of one state (one shared-scale group), in order; a tensor is an
-    array, or a list of arrays that hold its values between them."""
+    """Bin the batch's tensors of one state (one shared-scale group), in order."""
     for name in tensors:
-        v = values[name]
         try:
-            if isinstance(v, list):
-                states[state].update_parts(v)
-            else:
-                states[state].update(v)
+            states[state].update(values[name])
         except ValueError:
-            _check(float(np.max([np.max(np.abs(p)) for p in (v if isinstance(v, list) else [v]) if np.size(p)])),
-                   name, sample)
+            _check(float(np.max(np.abs(values[name]))), name, sample)
             raise
 
 
@@ -341,8 +331,8 @@ class _BoundOutputs:
 
 
 class _Padded(Exception):
-    """A blocked output came with a channel padding its block size does not explain: not one of
-    them may be binned."""
+    """A blocked output came with more channels than its tensor has (padding): not one of them
+    may be binned."""
 
 
 def _collect_raw(sess, fetch, owner, states, batches, progress,
@@ -350,8 +340,8 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     """Run the batches with the planned tensors as outputs, then bin them, one thread per core
     over the states (the compiled kernel releases the GIL). Measured on ResNet-50 with 2 cores,
     binning while onnxruntime runs the next batch gained nothing: both want the same cores.
-    `blocked`: the outputs of `unordered_session`, cut into their valid parts before any is binned
-    (raises _Padded, with no progress reported, if one cannot be). Returns (samples, runs)."""
+    `blocked`: the outputs of `unordered_session`, checked for padding before any is binned
+    (raises _Padded, with no progress reported). Returns (samples, runs)."""
     import os
     from concurrent.futures import ThreadPoolExecutor
     seen = runs = 0
@@ -367,11 +357,8 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for feed, n in batches:
             out = dict(zip(names, bound.run(feed, seen)))
-            if blocked is not None:
-                try:
-                    out = {n: blocked.parts(n, a) for n, a in out.items()}
-                except ValueError:
-                    raise _Padded from None
+            if blocked is not None and not blocked.check(out):
+                raise _Padded
             values = {t: feed[t] if f is None else out[f] for t, f in fetch.items()}
             runs += 1
             if shares is None:
@@ -387,9 +374,7 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
 def _shares(by_state: dict[str, list[str]], values: dict, workers: int) -> list[list[str]]:
     """The states split into `workers` lists of about equal numbers of values, largest first (one
     task per worker and batch: a task per state cost more in hand-offs than some of them bin)."""
-    def size(v):
-        return sum(int(np.size(p)) for p in v) if isinstance(v, list) else int(np.size(v))
-    sizes = {rep: sum(size(values[t]) for t in ts) for rep, ts in by_state.items()}
+    sizes = {rep: sum(int(np.size(values[t])) for t in ts) for rep, ts in by_state.items()}
     shares: list[list[str]] = [[] for _ in range(workers)]
     load = [0] * workers
     for rep in sorted(sizes, key=lambda r: -sizes[r]):

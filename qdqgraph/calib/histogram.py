@@ -143,18 +143,6 @@ class RangeState:
         self.count += int(a.size)
         self.amax = max(self.amax, m)
 
-    def update_parts(self, parts) -> None:
-        """Add the values of several arrays as one batch: the same state as `update` of their
-        concatenation (a tensor handed over in pieces, `runtime.BlockedOutputs.parts`)."""
-        parts = [p for p in (np.asarray(p) for p in parts) if p.size]
-        if len(parts) <= 1:
-            return self.update(parts[0]) if parts else None
-        if _abshist is None or any(p.dtype != np.float32 for p in parts):
-            return self.update(np.concatenate([p.reshape(-1) for p in parts]))
-        m = self._update_compiled([np.ascontiguousarray(p) for p in parts])
-        self.count += sum(int(p.size) for p in parts)
-        self.amax = max(self.amax, m)
-
     @staticmethod
     def _finite(m) -> float:
         if not np.isfinite(m):           # max propagates NaN, and +Inf is its own max
@@ -162,34 +150,19 @@ class RangeState:
             raise ValueError(f"non-finite values ({bad}) in calibration data")
         return float(m)
 
-    def _update_compiled(self, a) -> float:
-        """One pass when the batch (an array, or a list of arrays) fits the current range (the
-        usual case after the first few batches), two when the range must be set or grown first."""
-        parts = a if isinstance(a, list) else [a]
+    def _update_compiled(self, a: np.ndarray) -> float:
+        """One pass when the batch fits the current range (the usual case after the first few
+        batches), two when the range must be set or grown first."""
         if self.width > 0.0:
-            m, fits = self._count(parts, self._inv(np.float32))
+            m, fits = _abshist.abs_hist(a, float(self._inv(np.float32)), self.counts)
         else:                            # first data: the range comes from this batch's max
-            m, fits = float(np.max([abs_max(p) for p in parts])), False
+            m, fits = abs_max(a), False
         m = self._finite(m)
         if not fits:
-            _, fits = self._count(parts, self._fit(m, np.float32))
+            _, fits = _abshist.abs_hist(a, float(self._fit(m, np.float32)), self.counts)
             if not fits:                 # _fit makes m fit with this same arithmetic
                 raise AssertionError("histogram range does not hold the batch maximum")
         return m
-
-    def _count(self, parts: list, inv) -> tuple[float, bool]:
-        """The kernel over every part: counts only if all of them fit. Returns (max |x|, fits)."""
-        if len(parts) == 1:
-            return _abshist.abs_hist(parts[0], float(inv), self.counts)
-        into = np.zeros_like(self.counts)
-        maxima, fits = [], True
-        for p in parts:
-            m, ok = _abshist.abs_hist(p, float(inv), into)
-            maxima.append(m)
-            fits = fits and ok
-        if fits:
-            self.counts += into
-        return float(np.max(maxima)), fits
 
     def _update_numpy(self, a: np.ndarray) -> float:
         ftype = a.dtype.type
