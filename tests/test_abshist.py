@@ -173,3 +173,38 @@ def test_kernel_rejects_read_only_counts():
     counts.setflags(write=False)
     with pytest.raises((TypeError, ValueError, BufferError)):
         _abshist.abs_hist(np.ones(3, np.float32), 1.0, counts)
+
+
+@needs_kernel
+def test_kernel_flushing_to_64_bit_totals_counts_the_same(tmp_path):
+    """Data longer than FLUSH_EVERY values (2**30: a 32-bit counter could wrap) is counted in blocks
+    moved to 64-bit totals. Too large to run as is, so the kernel is built again with blocks of 1000
+    values and compared with the installed one on every loop."""
+    import glob
+    import importlib.util
+    import subprocess
+    import sysconfig
+    from pathlib import Path
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    src = Path(histogram.__file__).with_name("_abshist.c")
+    out = tmp_path / ("_abshist" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-I" + sysconfig.get_paths()["include"],
+                    "-DFLUSH_EVERY=((Py_ssize_t)1000)", str(src), "-o", str(out)], check=True)
+    spec = importlib.util.spec_from_file_location("_abshist", glob.glob(str(out))[0])
+    small = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(small)
+    real = histogram._abshist
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n = int(rng.integers(0, 5000))
+        x = (rng.laplace(size=n) * rng.choice([0.1, 1.0, 10.0])).astype(np.float32)
+        if n:
+            x[rng.integers(0, n, size=max(1, n // 3))] = 0.0
+        bins = int(rng.choice([2, 7, 2048]))
+        inv = float(np.float32(bins / (float(np.abs(x).max(initial=0.0)) * rng.choice([0.8, 1.5]) + 1e-3)))
+        for isa in ISAS:
+            a, b = np.zeros(bins, np.int64), np.zeros(bins, np.int64)
+            assert small.abs_hist(x, inv, a, isa) == real.abs_hist(x, inv, b, isa)
+            np.testing.assert_array_equal(a, b)

@@ -35,7 +35,9 @@
 #include <immintrin.h>
 #endif
 
+#ifndef FLUSH_EVERY
 #define FLUSH_EVERY ((Py_ssize_t)1 << 30)  /* values before a uint32 counter could wrap */
+#endif
 #define CHUNK 1024                         /* indices computed before they are counted */
 
 /* A loop bins n values into `lanes` sub-histograms of `bins` uint32 counters (consecutive values
@@ -239,8 +241,9 @@ static PyObject *abs_hist(PyObject *self, PyObject *args)
     Py_ssize_t bins = cview.len / 8;
     const int lanes = kern->lanes;
     uint32_t *h = (uint32_t *)calloc((size_t)bins * lanes, sizeof(uint32_t));
-    int64_t *acc = (int64_t *)calloc((size_t)bins, sizeof(int64_t));
-    if (h == NULL || acc == NULL) {
+    /* 64-bit totals only for data long enough that a 32-bit counter could wrap */
+    int64_t *acc = n > FLUSH_EVERY ? (int64_t *)calloc((size_t)bins, sizeof(int64_t)) : NULL;
+    if (h == NULL || (n > FLUSH_EVERY && acc == NULL)) {
         free(h);
         free(acc);
         PyBuffer_Release(&view);
@@ -250,26 +253,32 @@ static PyObject *abs_hist(PyObject *self, PyObject *args)
     float m = 0.0f;
     int nan = 0, fits = 0;
     Py_BEGIN_ALLOW_THREADS
+    int64_t skipped = 0;
     Py_ssize_t start = 0;
     while (start < n) {
         Py_ssize_t stop = n - start > FLUSH_EVERY ? start + FLUSH_EVERY : n;
-        int64_t skipped = 0;
         kern->loop(x + start, stop - start, inv, h, bins, &m, &nan, &skipped);
-        acc[0] += skipped;
-        for (Py_ssize_t b = 0; b < bins; b++) {
-            int64_t s = 0;
-            for (int l = 0; l < lanes; l++)
-                s += h[(size_t)l * bins + b];
-            acc[b] += s;
+        if (stop < n) {
+            for (Py_ssize_t b = 0; b < bins; b++)
+                for (int l = 0; l < lanes; l++)
+                    acc[b] += h[(size_t)l * bins + b];
+            memset(h, 0, (size_t)bins * lanes * sizeof(uint32_t));
         }
-        memset(h, 0, (size_t)bins * lanes * sizeof(uint32_t));
         start = stop;
     }
-    /* the largest value has the largest index: the batch fits when its index is in range */
+    /* the largest value has the largest index: the batch fits when its index is in range, and no
+       bin above that index was touched, so only bins up to it are summed */
     fits = !nan && (m * inv) < (float)bins;
-    if (fits)
-        for (Py_ssize_t b = 0; b < bins; b++)
-            counts[b] += acc[b];
+    if (fits) {
+        const Py_ssize_t top = (Py_ssize_t)(m * inv);
+        counts[0] += skipped;
+        for (Py_ssize_t b = 0; b <= top; b++) {
+            int64_t s = acc != NULL ? acc[b] : 0;
+            for (int l = 0; l < lanes; l++)
+                s += h[(size_t)l * bins + b];
+            counts[b] += s;
+        }
+    }
     Py_END_ALLOW_THREADS
     free(h);
     free(acc);
