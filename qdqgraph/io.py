@@ -51,16 +51,28 @@ def opset_of(model: onnx.ModelProto) -> int:
     return 0
 
 
+def declared_bytes(t: onnx.TensorProto) -> int:
+    """The size a tensor's shape and type call for (reading len(raw_data) copies the data: 13 ms
+    per pass over ResNet-50's weights)."""
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        itemsize = 4
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+
+
 def tensor_bytes(model: onnx.ModelProto) -> int:
-    """Bytes held in the model's initializers and Constant nodes (top-level graph)."""
+    """Bytes held in the model's initializers and Constant nodes (top-level graph); data stored
+    outside the proto (external data, in-memory stubs) does not count."""
     total = 0
     for t in model.graph.initializer:
-        total += len(t.raw_data) if t.HasField("raw_data") else np.prod(t.dims, dtype=np.int64) * 4
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            total += declared_bytes(t)
     for n in model.graph.node:
         if n.op_type == "Constant":
             for a in n.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    total += len(a.t.raw_data)
+                if a.type == onnx.AttributeProto.TENSOR and a.t.data_location != onnx.TensorProto.EXTERNAL:
+                    total += declared_bytes(a.t)
     return int(total)
 
 
@@ -132,7 +144,7 @@ SHAPES_ONLY_MIN_BYTES = 4096     # float initializers this large enter shape inf
 
 def _shapes_only(t: onnx.TensorProto) -> bool:
     """A large float initializer: the checker and shape inference see it as a typed input."""
-    return t.data_type in _FLOAT_TYPES and len(t.raw_data) >= SHAPES_ONLY_MIN_BYTES
+    return t.data_type in _FLOAT_TYPES and t.HasField("raw_data") and declared_bytes(t) >= SHAPES_ONLY_MIN_BYTES
 
 
 def _weights_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:

@@ -202,3 +202,30 @@ def test_graph_session_with_a_weight_read_inside_an_if_body(monkeypatch):
     y_if_v, y_mm_v = runtime.graph_session(loaded).run(None, {"x": xv, "cond": np.array(True)})
     np.testing.assert_allclose(y_if_v, xv @ w.values, rtol=1e-6)
     np.testing.assert_allclose(y_mm_v, xv @ w.values, rtol=1e-6)
+
+
+def test_weights_reach_onnxruntime_from_memory_for_a_model_past_the_proto_limit(monkeypatch):
+    """Past protobuf's 2 GB (threshold lowered) the session still takes the weights from memory:
+    the light model of stubs is small, so it is not refilled and written to a file."""
+    import onnxruntime as ort
+
+    from qdqgraph import runtime
+    m = motifs.residual_add()
+    light, _ = io.split_weights(m)
+    assert io.tensor_bytes(light) < 5000 < io.tensor_bytes(m)
+    monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD", 5000)   # stands in for 2 GB
+
+    def refill(*args, **kwargs):
+        raise AssertionError("the weights were put back into the proto")
+    monkeypatch.setattr(io, "fill_weights", refill)
+    sess = runtime.session(m)
+    x = motifs.sample_data(m)["x"][0]
+    ref = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], ref)
+
+
+def test_tensor_bytes_counts_what_the_proto_holds():
+    m = motifs.residual_add()
+    light, weights = io.split_weights(m)
+    held = sum(a.nbytes for a in weights.values())
+    assert held > 0 and io.tensor_bytes(light) == io.tensor_bytes(m) - held
