@@ -229,3 +229,23 @@ def test_tensor_that_is_a_graph_output_and_read_by_a_float32_op_gets_uniquely_na
     assert len(names) == len(set(names))
     onnx.checker.check_model(r.model, full_check=True)
     assert len(fuzzgraphs.run_ort(r.model, {k: v[0] for k, v in fuzzgraphs.sample_data(m).items()})) == 2
+
+
+def test_int8_concat_before_a_transpose_stays_fp32_so_onnxruntime_runs_it():
+    """H6 through data movement: DQ -> Concat -> Transpose -> Q. onnxruntime moves the Q above the
+    Transpose and fuses a QLinearConcat, which takes only float32 scales (found by benchmarks/fuzz.py,
+    seed 10: the FP16 model failed to load)."""
+    g = motifs.G("concat_transpose")
+    x = g.input("x", ["n", 8, 8, 8])
+    a = g.node("Relu", [g.conv(x, 8, 8, "conv_a")], name="relu_a")
+    b = g.node("Sigmoid", [g.conv(x, 8, 8, "conv_b")], name="sig_b")
+    c = g.node("Concat", [a, b], name="cat", axis=1)
+    t = g.node("Transpose", [c], name="nhwc", perm=[0, 2, 3, 1])
+    g.node("MatMul", [t, g.weight("fc.w", (16, 16))], ["y"], name="fc")
+    g.output("y")
+    m = g.model()
+    r = qdqgraph.quantize(m, motifs.sample_data(m))
+    kept = {k["node"]: k["rule"] for k in r.report.precision["kept_fp32"]}
+    assert kept.get("cat") == "H6-int8-concat", kept
+    feed = {k: v[0] for k, v in motifs.sample_data(m).items()}
+    assert all(np.isfinite(o).all() for o in _run(r.model, feed))

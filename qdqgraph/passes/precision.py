@@ -146,11 +146,33 @@ class _Retyper:
         return None
 
     def _between_qdq(self, node: gs.Node) -> bool:
-        ins = [self.view.producer(t) for t in node.inputs if t.name and not isinstance(t, gs.Constant)]
-        outs = [c for o in node.outputs for c, _ in self.view.consumers(o)]
-        return (bool(ins) and all(p is not None and self.vocab.is_(p, "dequantize") for p in ins)
-                and bool(outs) and all(self.vocab.is_(c, "quantize") for c in outs)
-                and not any(o in self.graph.outputs for o in node.outputs))
+        """Every input comes from a DQ and every output feeds only Qs, possibly through data
+        movement (onnxruntime's Q/DQ propagation moves Q and DQ across a Transpose or Reshape
+        before it fuses DQ -> Concat -> Q into its QLinearConcat, as TensorRT does, R2)."""
+        if any(o in self.graph.outputs for o in node.outputs):
+            return False
+        ins = [t for t in node.inputs if t.name and not isinstance(t, gs.Constant)]
+        outs = list(node.outputs)
+        return bool(ins) and bool(outs) and all(self._from_dq(t, 4) for t in ins) and all(self._to_q(t, 4) for t in outs)
+
+    def _from_dq(self, t: gs.Tensor, depth: int) -> bool:
+        p = self.view.producer(t)
+        if p is None:
+            return False
+        if self.vocab.is_(p, "dequantize"):
+            return True
+        data = [x for x in p.inputs if x.name and not isinstance(x, gs.Constant)]
+        return (depth > 0 and self.vocab.is_(p, "copy") and not self.vocab.is_(p, "concat") and len(data) == 1
+                and self._from_dq(data[0], depth - 1))
+
+    def _to_q(self, t: gs.Tensor, depth: int) -> bool:
+        if t in self.graph.outputs:
+            return False
+        consumers = [c for c, _ in self.view.consumers(t)]
+        return bool(consumers) and all(
+            self.vocab.is_(c, "quantize") or (depth > 0 and self.vocab.is_(c, "copy") and not self.vocab.is_(c, "concat")
+                                            and all(self._to_q(o, depth - 1) for o in c.outputs))
+            for c in consumers)
 
     def _keep_qdq_beside_fp32(self) -> None:
         """A Q whose input is float32 stays float32, and so does a DQ that feeds only float32
