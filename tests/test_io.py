@@ -66,10 +66,12 @@ def test_dynamic_dims_kept_symbolic(tmp_path):
     assert dims[0].dim_param == "b" and dims[1].dim_value == 8
 
 
-def test_shape_inference_without_weights_matches_onnx(monkeypatch):
+@pytest.mark.parametrize("inplace", [False, True])
+def test_shape_inference_without_weights_matches_onnx(monkeypatch, inplace):
     """infer_shapes keeps the weights out of onnx's shape inference: the value_info must equal plain
     onnx inference (data propagation through a Shape->Reshape chain included), and the model must
-    come back with every initializer, input and output as it was."""
+    come back with every initializer, input and output as it was; in place, the caller's model is
+    the result, and otherwise it is left untouched."""
     from onnx import TensorProto, helper
     rng = np.random.default_rng(0)
     w = onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")    # 864 B
@@ -87,8 +89,17 @@ def test_shape_inference_without_weights_matches_onnx(monkeypatch):
     monkeypatch.setattr(io, "SHAPES_ONLY_MIN_BYTES", 512)       # both float weights go as inputs
     light, added = io._weights_as_inputs(m)
     assert added == 2 and [t.name for t in light.graph.initializer] == ["shape"]
-    ours = io.infer_shapes(m)
     ref = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    before = m.SerializeToString()
+    if inplace:
+        mine = onnx.ModelProto()
+        mine.CopyFrom(m)
+        ours = io.infer_shapes(mine, inplace=True)
+        assert ours is mine
+    else:
+        ours = io.infer_shapes(m)
+        assert m.SerializeToString() == before
+    assert list(ours.graph.node) == list(ref.graph.node)
     assert {v.name: v for v in ours.graph.value_info} == {v.name: v for v in ref.graph.value_info}
     assert list(ours.graph.output) == list(ref.graph.output)
     assert list(ours.graph.input) == list(m.graph.input)
