@@ -172,7 +172,7 @@ def _check_weight_sizes(model: onnx.ModelProto) -> None:
     """What the checker would say of the initializers `_weights_as_inputs` keeps out of its sight."""
     for t in model.graph.initializer:
         if _shapes_only(t):
-            need = int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            need = declared_bytes(t)
             if len(t.raw_data) != need:
                 raise onnx.checker.ValidationError(
                     f"TensorProto (tensor name: {t.name}) raw_data size ({len(t.raw_data)} bytes) does not match "
@@ -304,7 +304,7 @@ def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.
             t._values = v
     # onnxruntime supplies only the main graph's initializers; a constant that an If/Loop body also
     # lists as its own initializer gets its data back there
-    for sub in _subgraphs(model.graph):
+    for sub in subgraphs(model.graph):
         for i, t in enumerate(sub.initializer):
             if t.name in arrays and t.data_location == onnx.TensorProto.EXTERNAL:
                 sub.initializer[i].CopyFrom(onnx.numpy_helper.from_array(arrays[t.name], t.name))
@@ -312,14 +312,14 @@ def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.
     return model, {k: a for k, a in arrays.items() if k in used}
 
 
-def _subgraphs(graph: onnx.GraphProto):
+def subgraphs(graph: onnx.GraphProto):
     """Every If/Loop/Scan body under `graph`, nested ones included."""
     for node in graph.node:
         for a in node.attribute:
             for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
                       list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
                 yield g
-                yield from _subgraphs(g)
+                yield from subgraphs(g)
 
 
 def check(model: onnx.ModelProto) -> None:
@@ -453,8 +453,8 @@ def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
     _copy_fields(model.graph, light.graph, skip="initializer")
     arrays: dict[str, np.ndarray] = {}
     for t in model.graph.initializer:
-        if (len(t.raw_data) < IN_MEMORY_MIN_BYTES or t.data_location == onnx.TensorProto.EXTERNAL
-                or t.data_type not in _IN_MEMORY_TYPES):
+        if (not t.HasField("raw_data") or declared_bytes(t) < IN_MEMORY_MIN_BYTES
+                or t.data_location == onnx.TensorProto.EXTERNAL or t.data_type not in _IN_MEMORY_TYPES):
             light.graph.initializer.add().CopyFrom(t)
             continue
         raw = t.raw_data

@@ -193,13 +193,7 @@ def _drop_reorders(model: onnx.ModelProto, outputs: set[str]) -> BlockedOutputs:
 
 def _inputs_read(g: onnx.GraphProto) -> set[str]:
     """Every tensor name a node of `g` or of any subgraph reads."""
-    names = set()
-    for n in g.node:
-        names.update(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names |= _inputs_read(sub)
-    return names
+    return {i for graph in (g, *io.subgraphs(g)) for n in graph.node for i in n.input}
 
 
 def float_activations(loaded: io.Loaded, names: list[str], data, samples: int, purpose: str):

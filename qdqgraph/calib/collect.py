@@ -37,7 +37,7 @@ from .. import io
 from ..data import CalibrationData
 from ..errors import QdqError
 from ..runtime import BlockedOutputs, graph_session, unordered_session
-from .histogram import COMPILED, RangeState, abs_max
+from .histogram import COMPILED, RangeState, abs_max, finite
 
 
 HISTOGRAM_STRIDE = 1          # default spatial stride of the histogram subsample (1: every value)
@@ -60,10 +60,7 @@ class MaxState:
     def update(self, x) -> None:
         """Add the values of `x` (any shape). Raises ValueError if any value is NaN or +-Inf."""
         a = np.asarray(x)
-        m = abs_max(a if a.dtype.kind == "f" else a.astype(np.float64))
-        if not np.isfinite(m):
-            raise ValueError(f"non-finite values ({'NaN' if np.isnan(m) else 'Inf'}) in calibration data")
-        self.add(m, a.size)
+        self.add(finite(abs_max(a if a.dtype.kind == "f" else a.astype(np.float64))), a.size)
 
     def to_dict(self) -> dict:
         return {"format": "qdqgraph-max-state", "amax": self.amax, "count": self.count}
@@ -179,8 +176,8 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
     else:
         graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride)
     shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
-    observed = [f for f in fetch.values() if f] if compiled else []
     if compiled:
+        observed = [f for f in fetch.values() if f]
         sess, blocked = unordered_session(shell, observed, providers)
     else:
         sess = graph_session(shell, providers)

@@ -67,6 +67,15 @@ def abs_max(a: np.ndarray) -> float:
     return float(np.max(np.abs(a)))
 
 
+def finite(m) -> float:
+    """`m` (a batch's max |x|) as a float; ValueError if it is NaN or Inf (max propagates NaN, and
+    +Inf is its own max, so one value is enough to tell)."""
+    if not np.isfinite(m):
+        bad = "NaN" if np.isnan(m) else "Inf"
+        raise ValueError(f"non-finite values ({bad}) in calibration data")
+    return float(m)
+
+
 def _pair_sum(h: np.ndarray) -> np.ndarray:
     if h.size % 2:
         h = np.append(h, 0)
@@ -143,13 +152,6 @@ class RangeState:
         self.count += int(a.size)
         self.amax = max(self.amax, m)
 
-    @staticmethod
-    def _finite(m) -> float:
-        if not np.isfinite(m):           # max propagates NaN, and +Inf is its own max
-            bad = "NaN" if np.isnan(m) else "Inf"
-            raise ValueError(f"non-finite values ({bad}) in calibration data")
-        return float(m)
-
     def _update_compiled(self, a: np.ndarray) -> float:
         """One pass when the batch fits the current range (the usual case after the first few
         batches), two when the range must be set or grown first."""
@@ -157,7 +159,7 @@ class RangeState:
             m, fits = _abshist.abs_hist(a, float(self._inv(np.float32)), self.counts)
         else:                            # first data: the range comes from this batch's max
             m, fits = abs_max(a), False
-        m = self._finite(m)
+        m = finite(m)
         if not fits:
             _, fits = _abshist.abs_hist(a, float(self._fit(m, np.float32)), self.counts)
             if not fits:                 # _fit makes m fit with this same arithmetic
@@ -167,7 +169,7 @@ class RangeState:
     def _update_numpy(self, a: np.ndarray) -> float:
         ftype = a.dtype.type
         y = np.abs(a.reshape(-1))        # a new array: the caller's data is never modified or kept
-        m = self._finite(y.max())
+        m = finite(y.max())
         inv = self._fit(m, ftype)
         np.multiply(y, inv, out=y)
         idx = y.astype(np.int32 if self.num_bins < 2 ** 31 else np.int64)
