@@ -198,6 +198,12 @@ class CalibrationData:
         out.first, out.count = self.first + start, stop - start
         return out
 
+    def origin(self) -> dict[str, np.ndarray]:
+        """The first sample of the whole set, also when this is a shard of it. Calibration
+        histograms take their starting range from it, so that neither the batch size nor the
+        sharding changes them."""
+        return self.sample(-self.first)
+
     def sample(self, i: int) -> dict[str, np.ndarray]:
         j = self.first + i
         c = int(np.searchsorted(self.starts, j, side="right")) - 1
@@ -219,16 +225,22 @@ class CalibrationData:
         return all(s.shape and not (isinstance(s.shape[0], int) and s.shape[0] > 0) for s in self.inputs)
 
     def batches(self, batch_size: int = 1) -> Iterator[dict[str, np.ndarray]]:
+        for feed, _ in self.counted_batches(batch_size):
+            yield feed
+
+    def counted_batches(self, batch_size: int = 1) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+        """(feed, number of samples in it): a sample may itself hold several rows."""
         if batch_size <= 1 or not self.batchable():
             for i in range(self.count):
-                yield self.sample(i)
+                yield self.sample(i), 1
             return
         for start in range(0, self.count, batch_size):
             group = [self.sample(i) for i in range(start, min(start + batch_size, self.count))]
             try:
-                yield {k: np.concatenate([g[k] for g in group]) for k in group[0]}
+                yield {k: np.concatenate([g[k] for g in group]) for k in group[0]}, len(group)
             except ValueError:  # samples of different shapes: feed them one by one
-                yield from group
+                for g in group:
+                    yield g, 1
 
 
 def random_data(inputs: list[InputSpec], samples: int = 8, seed: int = 0) -> dict[str, np.ndarray]:

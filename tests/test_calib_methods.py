@@ -317,6 +317,42 @@ def test_histogram_does_not_depend_on_batching():
     assert (a.amax, a.count) == (b.amax, b.count)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_start_sets_the_range_a_first_update_would_and_counts_nothing(dtype):
+    x = _data("laplace", 5000, seed=3).astype(dtype)
+    started = RangeState()
+    started.start(x[:700])
+    assert started.width > 0 and started.count == 0 and not started.counts.any()
+    started.start(x * 100)                          # a started state keeps its range
+    plain = RangeState()
+    plain.update(x[:700])
+    assert started.width == plain.width
+    # then binning everything (the first part included) gives the histogram of a plain run
+    started.update(x)
+    plain.update(x[700:])
+    assert (started.width, started.count) == (plain.width, plain.count) and started.amax == plain.amax
+    np.testing.assert_array_equal(started.counts, plain.counts)
+
+
+def test_start_refuses_non_finite_and_ignores_empty():
+    s = RangeState()
+    s.start(np.zeros(0, np.float32))
+    assert s.width == 0.0
+    with pytest.raises(ValueError, match="non-finite"):
+        s.start(np.array([1.0, np.nan], np.float32))
+    assert s.width == 0.0
+
+
+def test_started_state_without_data_saves_and_merges():
+    s = RangeState()
+    s.start(np.array([2.0], np.float32))
+    r = RangeState.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert (r.width, r.count) == (s.width, 0)
+    other = _state(_data("uniform", 1000))
+    m = r.merge(other)
+    assert m.count == other.count and m.amax == other.amax
+
+
 def test_extreme_growth_from_zero_range_to_float32_max():
     s = RangeState()
     s.update(np.zeros(5, np.float32))

@@ -218,14 +218,17 @@ def test_console_script_and_example(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr
 
 
-def test_calibrate_shards_merge_to_the_full_run(model_and_data, capsys):
+@pytest.mark.parametrize("method", ["max", "entropy", "percentile"])
+def test_calibrate_shards_merge_to_the_full_run(model_and_data, capsys, method):
     mp, dp = model_and_data
     d = mp.parent
-    assert main(["calibrate", str(mp), "--calib", str(dp), "-o", str(d / "full.json"), "--method", "max"]) == 0
+    assert main(["calibrate", str(mp), "--calib", str(dp), "-o", str(d / "full.json"), "--method", method]) == 0
     for i in (1, 2, 3):
-        assert main(["calibrate", str(mp), "--calib", str(dp), "--shard", f"{i}/3", "-o", str(d / f"s{i}.state")]) == 0
+        # (a batch size of its own per shard: the histograms do not depend on it)
+        assert main(["calibrate", str(mp), "--calib", str(dp), "--shard", f"{i}/3", "-o", str(d / f"s{i}.state"),
+                     "--batch-size", str(i)]) == 0
     assert main(["calibrate", "--merge", *(str(d / f"s{i}.state") for i in (1, 2, 3)), "-o", str(d / "m.json"),
-                 "--method", "max"]) == 0
+                 "--method", method]) == 0
     full = json.loads((d / "full.json").read_text())
     merged = json.loads((d / "m.json").read_text())
     assert merged["samples"] == full["samples"] == 8

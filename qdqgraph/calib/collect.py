@@ -184,26 +184,26 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
     states = {rep: new_state(method) for rep in groups}
     start = time.perf_counter()
 
-    def sized(batches):
-        for feed in batches:
-            yield feed, (int(np.shape(next(iter(feed.values())))[0])
-                         if batch_size > 1 and data.batchable() else 1)
+    # every histogram range starts from the data set's first sample, whatever the batch size and
+    # also in a shard: then batching and sharding do not change the histograms (histogram.py)
+    seed = data.origin() if histogram and (data.first > 0 or (batch_size > 1 and data.batchable())) else None
 
     if compiled:
         try:
-            seen, runs = _collect_raw(sess, fetch, owner, states, sized(data.batches(batch_size)), progress,
-                                      blocked)
+            seen, runs = _collect_raw(sess, fetch, owner, states, data.counted_batches(batch_size), progress,
+                                      blocked, seed)
         except _Padded:                  # blocked outputs with channel padding: again, in plain layout
             sess, blocked = unordered_session(shell, observed, providers, blocked=False)
             states = {rep: new_state(method) for rep in groups}
-            seen, runs = _collect_raw(sess, fetch, owner, states, sized(data.batches(batch_size)), progress,
-                                      blocked)
+            seen, runs = _collect_raw(sess, fetch, owner, states, data.counted_batches(batch_size), progress,
+                                      blocked, seed)
     elif histogram:
-        seen, runs = _collect_histograms(sess, probes, owner, states, sized(data.batches(batch_size)), progress)
+        seen, runs = _collect_histograms(sess, probes, owner, states, data.counted_batches(batch_size), progress,
+                                         data.origin() if seed is None else seed)
     else:
         seen = runs = 0
         amax_names = [p.amax_out for p in probes]
-        for feed, n in sized(data.batches(batch_size)):
+        for feed, n in data.counted_batches(batch_size):
             for p, v in zip(probes, _run(sess, amax_names, feed, seen)):
                 _check(v, p.tensor, seen)
                 states[owner[p.tensor]].add(v, 0)
@@ -221,7 +221,8 @@ def _check(amax, tensor, sample):
 
 
 def _first_ranges(sess, probes, owner, states, feed, sample) -> None:
-    """Set each empty state's range from one batch's maxima (the index graph needs a width)."""
+    """Set each empty state's range from the maxima of the first sample (the index graph needs a
+    width before it runs)."""
     full = dict(feed)
     for p in probes:
         full[p.inv_in] = np.array(0.0, dtype=np.float32)
@@ -246,9 +247,10 @@ def _reduce(probes, owner, states, out, widths, sample) -> None:
         st.add_counts(np.bincount(idx.reshape(-1), minlength=st.num_bins), float(a), idx.size, w)
 
 
-def _collect_histograms(sess, probes, owner, states, batches, progress) -> tuple[int, int]:
+def _collect_histograms(sess, probes, owner, states, batches, progress, origin) -> tuple[int, int]:
     """Run the batches; counting batch k's indices (a worker thread) overlaps running batch k+1
-    in onnxruntime, which releases the GIL. Returns (samples, runs)."""
+    in onnxruntime, which releases the GIL. The ranges start from the `origin` sample's maxima.
+    Returns (samples, runs)."""
     from concurrent.futures import ThreadPoolExecutor
     seen = runs = 0
     pending = None
@@ -257,7 +259,7 @@ def _collect_histograms(sess, probes, owner, states, batches, progress) -> tuple
         try:
             for feed, n in batches:
                 if seen == 0:
-                    _first_ranges(sess, probes, owner, states, feed, seen)
+                    _first_ranges(sess, probes, owner, states, origin, seen)
                     runs += 1
                 # widths may be stale by a doubling or two while the worker counts the last batch;
                 # add_counts folds counts binned at a narrower width exactly
@@ -333,12 +335,14 @@ class _Padded(Exception):
 
 
 def _collect_raw(sess, fetch, owner, states, batches, progress,
-                 blocked: BlockedOutputs | None = None) -> tuple[int, int]:
+                 blocked: BlockedOutputs | None = None, seed: dict | None = None) -> tuple[int, int]:
     """Run the batches with the planned tensors as outputs, then bin them, one thread per core
     over the states (the compiled kernel releases the GIL). Measured on ResNet-50 with 2 cores,
     binning while onnxruntime runs the next batch gained nothing: both want the same cores.
     `blocked`: the outputs of `unordered_session`, checked for padding before any is binned
-    (raises _Padded, with no progress reported). Returns (samples, runs)."""
+    (raises _Padded, with no progress reported). `seed`: a sample run first, alone, to start each
+    histogram's range (`RangeState.start`); the first batch's first sample does that otherwise.
+    Returns (samples, runs)."""
     import os
     from concurrent.futures import ThreadPoolExecutor
     seen = runs = 0
@@ -348,6 +352,17 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     by_state: dict[str, list[str]] = {}
     for t in fetch:
         by_state.setdefault(owner[t], []).append(t)
+    if seed is not None:
+        out = dict(zip(names, _run(sess, names, seed, 0)))
+        if blocked is not None and not blocked.check(out):
+            raise _Padded
+        for rep, ts in by_state.items():  # the first member, as the first update would
+            t = ts[0]
+            try:
+                states[rep].start(seed[t] if fetch[t] is None else out[fetch[t]])
+            except ValueError:
+                _check(float("nan"), t, 0)
+        runs += 1
     bound = _BoundOutputs(sess, names)
     workers = max(1, min(os.cpu_count() or 1, len(by_state)))
     shares = None

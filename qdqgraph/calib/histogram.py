@@ -10,9 +10,12 @@ The histogram
 covering `[0, width * num_bins]`. Bin k counts the values with `k*width <= |x| < (k+1)*width`
 (up to float rounding at the edges: it is computed as `floor(|x| * (1/width))`, see below).
 
-* The first batch sets the range to `[0, max|x|]`, as TensorRT's histogram calibrator does (the
-  width is nudged up by a float32 ulp or two when rounding would put the maximum just past the
-  last bin). A range below 2**-24 (all zeros, or all tiny) is widened to `[0, 2**-24]`: 2**-24 is
+* The first data sets the range to `[0, max|x|]`, as TensorRT's histogram calibrator does with its
+  first batch (the width is nudged up by a float32 ulp or two when rounding would put the maximum
+  just past the last bin). Calibration starts it from the data set's first *sample* (`start`),
+  whatever the batch size and also in every shard, so that a run's histograms, and thresholds,
+  are the same at any batch size and when sharded and merged (started from the first batch, as
+  TensorRT's and PyTorch's toolkit's are, they move with the batch size). A range below 2**-24 (all zeros, or all tiny) is widened to `[0, 2**-24]`: 2**-24 is
   the amax under which a tensor counts as all-zero (`methods.ZERO_RANGE_EPS`, TRT_RULES C3), so
   nothing is lost, and a positive width keeps the arithmetic finite.
 * A later batch that goes past the range grows it. PyTorch's toolkit appends bins of the same
@@ -28,7 +31,10 @@ type (float32 for float32/float16 data, float64 otherwise). Doubling the width h
 exactly, and `floor(y/2) == floor(floor(y)/2)` for y >= 0, so a value binned at width w and then
 pair-merged lands in exactly the bin it would have got at width 2w. Hence a run's histogram does
 not depend on how its data was cut into batches once the final width is the same, and
-`merge()` of two runs with equal widths (or widths a power of two apart) is exact.
+`merge()` of two runs with equal widths (or widths a power of two apart) is exact. Runs started
+from the same first sample end at widths a power of two apart (the final width is the starting
+width doubled until it holds the run's max), so any batching or sharding of one data set gives
+the histogram of the one run over it, bit for bit.
 
 Speed: for float32 data `update` calls the compiled kernel `_abshist` (built from
 `_abshist.c` at install when a C compiler is there): one pass that finds max |x| and counts the
@@ -134,17 +140,33 @@ class RangeState:
         return c
 
     # --------------------------------------------------------------------------------- update
-    def update(self, x) -> None:
-        """Add the values of `x` (any shape). Raises ValueError if any value is NaN or +-Inf."""
+    @staticmethod
+    def _floats(x) -> np.ndarray:
+        """`x` as the float type it is binned in: float32 (float32 and float16 data) or float64."""
         a = np.asarray(x)
-        if a.size == 0:
-            return
         if a.dtype.kind != "f" or a.dtype.itemsize > 8:
             if a.dtype.kind not in "biuf":
                 raise ValueError(f"calibration data must be numeric, got dtype {a.dtype}")
             a = a.astype(np.float64)
         elif a.dtype.itemsize < 4:
             a = a.astype(np.float32)
+        return a
+
+    def start(self, x) -> None:
+        """Set the range of an empty state from max |x| exactly as a first `update(x)` would, but
+        count nothing. Calibration starts every range from the data set's first sample this way
+        before binning batches or a shard, so the histograms do not depend on the batch size or on
+        the sharding (see the module docstring). No-op once the state has a range."""
+        a = self._floats(x)
+        if a.size == 0 or self.width > 0.0:
+            return
+        self._fit(finite(abs_max(a)), a.dtype.type)
+
+    def update(self, x) -> None:
+        """Add the values of `x` (any shape). Raises ValueError if any value is NaN or +-Inf."""
+        a = self._floats(x)
+        if a.size == 0:
+            return
         if _abshist is not None and a.dtype == np.float32:
             m = self._update_compiled(np.ascontiguousarray(a))
         else:
@@ -296,8 +318,8 @@ class RangeState:
             raise ValueError("saved RangeState count does not equal the sum of its counts")
         if not (math.isfinite(width) and width >= 0 and math.isfinite(amax) and amax >= 0):
             raise ValueError("saved RangeState width and amax must be finite and >= 0")
-        if (width == 0.0) != (count == 0):
-            raise ValueError("saved RangeState has data but no range, or a range but no data")
+        if width == 0.0 and count > 0:       # (a range with no data is a started, empty state)
+            raise ValueError("saved RangeState has data but no range")
         s.width, s.amax, s.count = width, amax, count
         s.counts = np.array(counts, dtype=np.int64)
         return s
