@@ -20,7 +20,8 @@ def _add_insert(sub):
     p.add_argument("-o", "--output", help="output path (default: MODEL.qdq.onnx beside the input)")
     p.add_argument("--calib", help="calibration data: .npz (one array per input, samples first), .npy, "
                                    "a folder of them, or 'random'")
-    p.add_argument("--calib-cache", help="use ranges from a qdqgraph JSON or TensorRT calibration cache")
+    p.add_argument("--calib-cache", help="use ranges from a qdqgraph JSON or TensorRT calibration cache "
+                   "(with --calib, the tensors it lacks are calibrated from the data)")
     p.add_argument("--method", default="percentile", choices=["max", "entropy", "percentile", "mse"],
                    help="calibration method (default: percentile, the best on the model zoo; see README)")
     p.add_argument("--percentile", type=float, default=99.99, help="for --method percentile (default 99.99)")

@@ -104,10 +104,13 @@ def calibration_data(loaded: io.Loaded, calib, samples: int | None = None, shard
 def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = DEFAULT_METHOD, batch_size: int = 1,
               samples: int | None = None, providers: list[str] | None = None, percentile: float = 99.99,
               report: InsertReport | None = None, progress=None, shard=None, keep_states: bool = False,
-              preprocess: str | None = None):
-    """amax per scale group of `plan`, from calibration data (path, dict of arrays, or "random").
-    With keep_states, returns the Collected states instead (for saving shards)."""
+              preprocess: str | None = None, only: set[str] | None = None):
+    """amax per scale group of `plan` (or of the groups in `only`), from calibration data (path,
+    dict of arrays, or "random"). With keep_states, returns the Collected states instead (for
+    saving shards)."""
     groups = plan.groups()
+    if only is not None:
+        groups = {rep: members for rep, members in groups.items() if rep in only}
     if not groups:
         return {}
     data = calibration_data(loaded, calib, samples, shard, report, preprocess)
@@ -131,18 +134,25 @@ def exact_ranges(plan: Plan, amax: dict[str, float]) -> dict[str, float]:
     return amax
 
 
-def _amax_from_cache(plan: Plan, path) -> dict[str, float]:
-    """amax per scale group from a cache file, or from a dict {tensor: amax} (API)."""
+def _amax_from_cache(plan: Plan, path, can_calibrate: bool = False) -> tuple[dict[str, float], set[str]]:
+    """(amax per scale group found in a cache file or a dict {tensor: amax} (API), the groups it
+    lacks). Lacking any is an error unless `can_calibrate` (data was given for them)."""
     from .calib.cache import load_cache
     table = dict(path) if isinstance(path, dict) else load_cache(path)
-    out = {}
+    out, missing = {}, set()
     for rep, members in plan.groups().items():
         found = [table[t] for t in members if t in table]
-        if not found:
-            raise QdqError(f"calibration cache {path} has no range for tensor '{rep}'",
-                           "recalibrate, or pass a cache made for this model")
-        out[rep] = max(found)
-    return exact_ranges(plan, out)
+        if found:
+            out[rep] = max(found)
+        else:
+            missing.add(rep)
+    if missing and not can_calibrate:
+        first = sorted(missing)[0]
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        where = "the given ranges" if isinstance(path, dict) else f"calibration cache {path}"
+        raise QdqError(f"{where} has no range for tensor '{first}'{more}",
+                       "add --calib DATA to calibrate what the cache lacks, or pass a cache made for this model")
+    return exact_ranges(plan, out), missing
 
 
 def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(), float_nodes=(),
@@ -241,7 +251,12 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
         report.smoothed = smooth(loaded.graph, found, ranges, smooth_quant).smoothed
         plan = replan(loaded, **selection)
     if calib_cache is not None:
-        amax = _amax_from_cache(plan, calib_cache)
+        amax, missing = _amax_from_cache(plan, calib_cache, can_calibrate=real_data)
+        if missing:                      # what the plan quantizes beyond the cache, from the data
+            amax.update(calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report,
+                                  progress, preprocess=preprocess, only=missing))
+            report.warnings.append(f"{len(missing)} of {len(plan.groups())} scale groups were not in the "
+                                   f"calibration cache; calibrated them from the data ({method})")
     else:
         amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress,
                          preprocess=preprocess)
@@ -275,7 +290,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     float_nodes = tuple((n, f"fallback: returned to float (+{gains[n]:.1f} dB output SQNR alone)") for n in chosen)
     report2 = InsertReport(input=report.input, method=method)
     loaded2, plan2 = prepare(model, report=report2, float_nodes=float_nodes, fixed_inputs=fixed_inputs, **selection)
-    amax2 = _amax_from_cache(plan2, per_tensor)
+    amax2, _ = _amax_from_cache(plan2, per_tensor)
     if means is not None:
         from .passes.bias_correction import correct_biases
         report2.bias_corrected = len(correct_biases(loaded2.graph, plan2, means))

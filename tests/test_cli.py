@@ -203,6 +203,12 @@ def test_full_disk_leaves_nothing(model_and_data, capsys, monkeypatch):
     monkeypatch.setattr(onnx, "save", real_save)
 
 
+def test_python_dash_m_runs_the_command():
+    r = subprocess.run([sys.executable, "-m", "qdqgraph", "insert", "/nonexistent/m.onnx", "--calib", "random"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("qdqgraph: error: model file not found")
+
+
 def test_console_script_and_example(tmp_path):
     exe = Path(sys.executable).parent / "qdqgraph"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "qdqgraph.cli"]
@@ -236,6 +242,42 @@ def test_calibrate_shards_merge_to_the_full_run(model_and_data, capsys, method):
     # the merged cache drives insert without data
     assert main(["insert", str(mp), "--calib-cache", str(d / "m.json"), "-o", str(d / "q.onnx")]) == 0
     assert (d / "q.onnx").exists()
+
+
+def _q_scales(path) -> dict:
+    m = onnx.load(str(path))
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}
+    return {n.input[0]: float(inits[n.input[1]]) for n in m.graph.node
+            if n.op_type == "QuantizeLinear" and n.input[1] in inits and inits[n.input[1]].size == 1}
+
+
+def test_insert_calibrates_what_the_cache_lacks(model_and_data, capsys):
+    mp, dp = model_and_data
+    d = mp.parent
+    assert main(["calibrate", str(mp), "--calib", str(dp), "-o", str(d / "full.json"), "--method", "max"]) == 0
+    doc = json.loads((d / "full.json").read_text())
+    dropped = sorted(doc["tensors"])[-1]
+    del doc["tensors"][dropped]
+    (d / "part.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    # without data: one line that names a lacking tensor and the fix
+    assert main(["insert", str(mp), "--calib-cache", str(d / "part.json"), "-o", str(d / "q.onnx")]) == 2
+    line = one_error_line(capsys)
+    assert dropped in line and "--calib" in line and not (d / "q.onnx").exists()
+    # with data: the lacking group is calibrated, the others come from the cache
+    assert main(["insert", str(mp), "--calib-cache", str(d / "part.json"), "--calib", str(dp), "--method", "max",
+                 "-o", str(d / "q.onnx")]) == 0
+    assert "1 of" in capsys.readouterr().out
+    assert main(["insert", str(mp), "--calib-cache", str(d / "full.json"), "-o", str(d / "ref.onnx")]) == 0
+    got, ref = _q_scales(d / "q.onnx"), _q_scales(d / "ref.onnx")
+    assert dropped in got and got == ref
+    # and a cached range is taken as it is, not recalibrated
+    doc["tensors"][sorted(doc["tensors"])[0]]["amax"] *= 4
+    (d / "part.json").write_text(json.dumps(doc))
+    assert main(["insert", str(mp), "--calib-cache", str(d / "part.json"), "--calib", str(dp), "--method", "max",
+                 "-o", str(d / "q2.onnx")]) == 0
+    changed = {k for k, v in _q_scales(d / "q2.onnx").items() if v != ref[k]}
+    assert changed and dropped not in changed
 
 
 def test_calibrate_tensorrt_cache_round_trip(model_and_data, capsys):
