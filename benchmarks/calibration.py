@@ -7,8 +7,8 @@ plain inference, onnxruntime's quantize_static calibrators and Model Optimizer, 
 
 Every configuration runs in its own process, which reports its wall time (the calibration step, not
 the import or the data generation) and its peak RSS (ru_maxrss). For qdqgraph the wall time covers
-loading, planning, the onnxruntime session and the thresholds; "loop" is the pass over the samples
-alone, the part that grows with N (plain inference is timed as a loop over the samples too).
+loading, planning, the onnxruntime session and the thresholds, and for plain inference the session
+and the run over the samples; "loop" is the pass over the samples alone, the part that grows with N.
 "entropy-nokernel" is qdqgraph entropy as it runs where no C compiler built the histogram kernel. The samples (random, seeded,
 1x3x224x224) are written to a folder of one .npz per 8 samples, which every tool streams. Sizes
 whose predicted memory exceeds --memory-gb are skipped and said so: onnxruntime's histogram
@@ -51,11 +51,13 @@ def batches():
 
 if tool == "plain":
     import onnxruntime as ort
+    t0 = time.perf_counter()
     s = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     t = time.perf_counter()
     for b in batches():
         s.run(None, {"input": b})
-    seconds = time.perf_counter() - t
+    loop = time.perf_counter() - t
+    seconds = time.perf_counter() - t0
 elif tool.startswith("qdq-"):
     from qdqgraph.pipeline import calibrate, prepare
     from qdqgraph.report import InsertReport
@@ -89,7 +91,7 @@ elif tool == "modelopt":
     quantize(model, quantize_mode="int8", calibration_data={"input": data}, calibration_method="max",
              calibration_eps=["cpu"], output_path=out)
     seconds = time.perf_counter() - t
-print(json.dumps({"seconds": seconds, "loop": loop if tool.startswith("qdq-") else seconds,
+print(json.dumps({"seconds": seconds, "loop": loop if tool.startswith("qdq-") or tool == "plain" else seconds,
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 '''
 
@@ -134,7 +136,7 @@ def main() -> int:
             folder = Path(d)
             make_data(folder, n)
             for batch in (int(b) for b in args.batches.split(",")):
-                base = None
+                base = base_loop = None
                 for tool in tools:
                     label, python, extra, key = tool, sys.executable, [], tool
                     if tool in QDQ_METHODS:
@@ -164,12 +166,12 @@ def main() -> int:
                         rows.append((n, batch, label, None, None, r["error"]))
                     else:
                         if tool == "plain":
-                            base = r["seconds"]
+                            base, base_loop = r["seconds"], r["loop"]
                         rows.append((n, batch, label, r["seconds"], r["peak_mb"], "", r["loop"]))
                     print(rows[-1], flush=True)
                 for i, row in enumerate(rows):
                     if row[0] == n and row[1] == batch and row[3] is not None and base and len(row) == 7:
-                        rows[i] = row + (row[3] / base, row[6] / base)
+                        rows[i] = row + (row[3] / base, row[6] / base_loop)
     print(f"\nload average at end {os.getloadavg()[0]:.2f}\n")
     print("| samples | batch | tool | seconds | x plain inference | loop x plain | peak RSS MB | note |")
     print("|---|---|---|---|---|---|---|---|")
