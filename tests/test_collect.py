@@ -260,9 +260,11 @@ def test_blocked_layout_outputs_give_the_plain_layout_results(monkeypatch, metho
 
 
 @needs_kernel
-def test_padded_blocked_outputs_are_collected_again_in_plain_layout(monkeypatch):
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_padded_blocked_outputs_are_collected_again_in_plain_layout(monkeypatch, batch_size):
     """A blocked output whose channel count is not its tensor's (padding) must not be binned: the
-    whole collection restarts in plain layout, progress counted once."""
+    whole collection restarts in plain layout, progress counted once (at batch 2 the padding shows
+    in the run of the first sample alone that starts the ranges)."""
     from qdqgraph import runtime
     calls = _spy_sessions(monkeypatch)
     shapes = []
@@ -275,7 +277,7 @@ def test_padded_blocked_outputs_are_collected_again_in_plain_layout(monkeypatch)
     loaded, plan = prepared(m)
     data = CalibrationData(motifs.sample_data(m, n=5), model_inputs(loaded.graph))
     done = []
-    got = collect(loaded, plan.groups(), data, method="entropy", progress=done.append)
+    got = collect(loaded, plan.groups(), data, method="entropy", progress=done.append, batch_size=batch_size)
     if not calls[0][1]:
         pytest.skip("onnxruntime ran no convolution in its blocked (NCHWc) layout on this CPU")
     assert [c[0] for c in calls] == [True, False] and calls[1][1] == {} and shapes
