@@ -108,12 +108,13 @@ def test_dynamic_spatial_dims_with_samples_of_different_shapes(tmp_path):
     assert [d.dim_param for d in dims] == ["n", "", "h", "w"]
 
 
-def test_non_finite_activation_is_a_clear_error():
+@pytest.mark.parametrize("batch_size", [1, 2])    # at 2, the first-sample run that starts the ranges
+def test_non_finite_activation_is_a_clear_error(batch_size):
     g = motifs.G("nan")
     x = g.input("x", ["n", 16, 8, 8])
     lg = g.node("Log", [x], name="log")     # log of negative inputs = NaN
     g.node("Conv", [lg, g.weight("w", (16, 16, 1, 1))], ["y"], name="conv", kernel_shape=[1, 1])
     g.output("y")
     m = g.model()
-    with pytest.raises(QdqError, match="NaN or Inf"):
-        qdqgraph.quantize(m, {"x": -np.ones((2, 1, 16, 8, 8), np.float32)})
+    with pytest.raises(QdqError, match="NaN or Inf on calibration sample 0"):
+        qdqgraph.quantize(m, {"x": -np.ones((2, 1, 16, 8, 8), np.float32)}, batch_size=batch_size)

@@ -281,14 +281,20 @@ def _collect_histograms(sess, probes, owner, states, batches, progress, origin) 
     return seen, runs
 
 
+def _reduce_into(reduce, value, name, sample) -> None:
+    """`reduce(value)` (a state's update or start); non-finite data becomes the error that names
+    the tensor and the sample."""
+    try:
+        reduce(value)
+    except ValueError:
+        _check(float(np.max(np.abs(value))), name, sample)
+        raise
+
+
 def _bin_group(tensors, states, state, values, sample) -> None:
     """Bin the batch's tensors of one state (one shared-scale group), in order."""
     for name in tensors:
-        try:
-            states[state].update(values[name])
-        except ValueError:
-            _check(float(np.max(np.abs(values[name]))), name, sample)
-            raise
+        _reduce_into(states[state].update, values[name], name, sample)
 
 
 class _BoundOutputs:
@@ -358,10 +364,7 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
             raise _Padded
         for rep, ts in by_state.items():  # the first member, as the first update would
             t = ts[0]
-            try:
-                states[rep].start(seed[t] if fetch[t] is None else out[fetch[t]])
-            except ValueError:
-                _check(float("nan"), t, 0)
+            _reduce_into(states[rep].start, seed[t] if fetch[t] is None else out[fetch[t]], t, 0)
         runs += 1
     bound = _BoundOutputs(sess, names)
     workers = max(1, min(os.cpu_count() or 1, len(by_state)))

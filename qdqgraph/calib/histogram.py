@@ -15,9 +15,10 @@ covering `[0, width * num_bins]`. Bin k counts the values with `k*width <= |x| <
   just past the last bin). Calibration starts it from the data set's first *sample* (`start`),
   whatever the batch size and also in every shard, so that a run's histograms, and thresholds,
   are the same at any batch size and when sharded and merged (started from the first batch, as
-  TensorRT's and PyTorch's toolkit's are, they move with the batch size). A range below 2**-24 (all zeros, or all tiny) is widened to `[0, 2**-24]`: 2**-24 is
-  the amax under which a tensor counts as all-zero (`methods.ZERO_RANGE_EPS`, TRT_RULES C3), so
-  nothing is lost, and a positive width keeps the arithmetic finite.
+  TensorRT's and PyTorch's toolkit's are, they move with the batch size). A range below 2**-24
+  (all zeros, or all tiny) is widened to `[0, 2**-24]`: 2**-24 is the amax under which a tensor
+  counts as all-zero (`methods.ZERO_RANGE_EPS`, TRT_RULES C3), so nothing is lost, and a positive
+  width keeps the arithmetic finite.
 * A later batch that goes past the range grows it. PyTorch's toolkit appends bins of the same
   width (TRT_RULES K3), so its histogram gets longer with every growth. To keep memory flat we
   never go past `num_bins` bins: since the first batch already uses all of them, growth merges
