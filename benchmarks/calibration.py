@@ -2,14 +2,18 @@
 plain inference, onnxruntime's quantize_static calibrators and Model Optimizer, in one run.
 
     .venv/bin/python benchmarks/calibration.py [--model /tmp/qdqgraph-tv/models/resnet50.onnx]
-        [--sizes 64,512] [--batches 1,8] [--tools plain,max,entropy,entropy-nokernel,percentile,mse,ort-minmax,
-        ort-entropy,ort-percentile,modelopt] [--modelopt-python /tmp/mo-venv/bin/python] [--memory-gb 20]
+        [--sizes 64,512] [--batches 1,8] [--tools plain,plain-lanes,max,entropy,entropy-1lane,entropy-nokernel,
+        percentile,mse,ort-minmax,ort-entropy,ort-percentile,modelopt] [--modelopt-python /tmp/mo-venv/bin/python]
+        [--memory-gb 20]
 
 Every configuration runs in its own process, which reports its wall time (the calibration step, not
 the import or the data generation) and its peak RSS (ru_maxrss). For qdqgraph the wall time covers
 loading, planning, the onnxruntime session and the thresholds, and for plain inference the session
 and the run over the samples; "loop" is the pass over the samples alone, the part that grows with N.
-"entropy-nokernel" is qdqgraph entropy as it runs where no C compiler built the histogram kernel. The samples (random, seeded,
+"entropy-nokernel" is qdqgraph entropy as it runs where no C compiler built the histogram kernel;
+"entropy-1lane" is qdqgraph entropy with one onnxruntime run at a time (`--lanes 1`), where the
+default runs two batches at once with half the cores each; "plain-lanes" is plain inference run
+that same way, two batches at once, to show what the lanes alone gain. The samples (random, seeded,
 1x3x224x224) are written to a folder of one .npz per 8 samples, which every tool streams. Sizes
 whose predicted memory exceeds --memory-gb are skipped and said so: onnxruntime's histogram
 calibrators keep every batch's activations (about 110 MB per sample on ResNet-50). Ratios are to
@@ -58,6 +62,28 @@ if tool == "plain":
         s.run(None, {"input": b})
     loop = time.perf_counter() - t
     seconds = time.perf_counter() - t0
+elif tool == "plain-lanes":        # two batches at once, each run on half the cores, as qdqgraph's lanes
+    import os, threading
+    from concurrent.futures import ThreadPoolExecutor
+    import onnxruntime as ort
+    t0 = time.perf_counter()
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    s = ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
+    it, lock = batches(), threading.Lock()
+    def lane():
+        while True:
+            with lock:
+                b = next(it, None)
+            if b is None:
+                return
+            s.run(None, {"input": b})
+    t = time.perf_counter()
+    with ThreadPoolExecutor(2) as ex:
+        for f in [ex.submit(lane) for _ in range(2)]:
+            f.result()
+    loop = time.perf_counter() - t
+    seconds = time.perf_counter() - t0
 elif tool.startswith("qdq-"):
     from qdqgraph.pipeline import calibrate, prepare
     from qdqgraph.report import InsertReport
@@ -68,7 +94,8 @@ elif tool.startswith("qdq-"):
     t = time.perf_counter()
     loaded, plan = prepare(model)
     rep = InsertReport()
-    amax = calibrate(loaded, plan, str(folder), method, batch_size=batch, report=rep)
+    amax = calibrate(loaded, plan, str(folder), method, batch_size=batch, report=rep,
+                     lanes=1 if variant == "1lane" else None)
     seconds = time.perf_counter() - t
     loop = rep.calibration_seconds
 elif tool.startswith("ort-"):
@@ -91,7 +118,7 @@ elif tool == "modelopt":
     quantize(model, quantize_mode="int8", calibration_data={"input": data}, calibration_method="max",
              calibration_eps=["cpu"], output_path=out)
     seconds = time.perf_counter() - t
-print(json.dumps({"seconds": seconds, "loop": loop if tool.startswith("qdq-") or tool == "plain" else seconds,
+print(json.dumps({"seconds": seconds, "loop": loop if tool.startswith(("qdq-", "plain")) else seconds,
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 '''
 
@@ -120,7 +147,8 @@ def main() -> int:
     ap.add_argument("--model", default="/tmp/qdqgraph-tv/models/resnet50.onnx")
     ap.add_argument("--sizes", default="64,512")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--tools", default="plain,max,entropy,entropy-nokernel,percentile,mse,ort-minmax,ort-entropy,ort-percentile,modelopt")
+    ap.add_argument("--tools", default="plain,plain-lanes,max,entropy,entropy-1lane,entropy-nokernel,percentile,mse,"
+                                      "ort-minmax,ort-entropy,ort-percentile,modelopt")
     ap.add_argument("--modelopt-python", default="/tmp/mo-venv/bin/python")
     ap.add_argument("--memory-gb", type=float, default=20.0)
     args = ap.parse_args()
@@ -143,6 +171,10 @@ def main() -> int:
                         label, key = f"qdqgraph {tool}", f"qdq-{tool}"
                     elif tool.endswith("-nokernel") and tool[:-9] in QDQ_METHODS:
                         label, key = f"qdqgraph {tool[:-9]}, no compiled kernel", f"qdq-{tool[:-9]}+nokernel"
+                    elif tool.endswith("-1lane") and tool[:-6] in QDQ_METHODS:
+                        label, key = f"qdqgraph {tool[:-6]}, one lane", f"qdq-{tool[:-6]}+1lane"
+                    elif tool == "plain-lanes":
+                        label = "plain, two batches at once"
                     elif tool in ORT_METHODS:
                         label = f"onnxruntime {ORT_METHODS[tool]}"
                         extra = [ORT_METHODS[tool]]

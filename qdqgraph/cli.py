@@ -68,6 +68,17 @@ def _add_runtime(p):
     p.add_argument("--providers", default="cpu", help="onnxruntime providers for calibration, e.g. cuda,cpu")
     p.add_argument("--custom-op-library", action="append", default=[], metavar="LIB.so",
                    help="onnxruntime custom-op library for models with custom-domain ops (repeatable)")
+    p.add_argument("--lanes", type=int, metavar="N",
+                   help="calibration batches run at once on the CPU, the cores shared among them (default 2 "
+                        "with two cores or more; 1 holds one batch's tensors at a time). Thresholds do not depend on it")
+
+
+def _check_counts(args) -> None:
+    """--batch-size and --lanes, before any work."""
+    if args.batch_size < 1:
+        raise QdqError("--batch-size must be at least 1", "pass a positive number")
+    if args.lanes is not None and args.lanes < 1:
+        raise QdqError("--lanes must be at least 1", "pass 1 (one batch at a time) or more")
 
 
 def _add_fix_input(p):
@@ -243,8 +254,7 @@ def _run_insert(args) -> int:
         rp = Path(args.report)
         if not rp.parent.exists():
             raise QdqError(f"report folder {rp.parent} does not exist", "create it or choose another --report path")
-    if args.batch_size < 1:
-        raise QdqError("--batch-size must be at least 1", "pass a positive number")
+    _check_counts(args)
     if args.samples is not None and args.samples < 1:
         raise QdqError("--samples must be at least 1", "pass a positive number")
     if args.verify < 0:
@@ -266,7 +276,7 @@ def _run_insert(args) -> int:
                       max_float_layers=args.max_float_layers, sensitivity_samples=args.sensitivity_samples,
                       preprocess=args.preprocess, high_precision=args.high_precision,
                       bias_correction=args.bias_correction, smooth_quant=args.smooth_quant,
-                      fixed_inputs=_fixed_inputs(args.fix_input), progress=progress)
+                      fixed_inputs=_fixed_inputs(args.fix_input), lanes=args.lanes, progress=progress)
     if progress is not None:
         progress.close()
     written = io.save(result.model, out, protect=(Path(args.model),))
@@ -333,6 +343,7 @@ def _run_calibrate(args) -> int:
         return 0
     if not args.model:
         raise QdqError("no model given", "pass MODEL.onnx (or --merge STATE...)")
+    _check_counts(args)
     if not args.calib:
         raise QdqError("no calibration data given", "pass --calib DATA.npz")
     shard = _parse_shard(args.shard) if args.shard else None
@@ -348,7 +359,7 @@ def _run_calibrate(args) -> int:
         if fmt == "state":
             got = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
                             _providers(args.providers, args.custom_op_library), shard=shard, keep_states=True, progress=progress,
-                            preprocess=args.preprocess)
+                            preprocess=args.preprocess, lanes=args.lanes)
             save_states(out, got.states, groups, got.samples, model_id(args.model),
                         shard=args.shard)
             samples, seconds = got.samples, got.seconds
@@ -357,7 +368,7 @@ def _run_calibrate(args) -> int:
             rep = InsertReport()
             amax = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
                              _providers(args.providers, args.custom_op_library), args.percentile, report=rep, progress=progress,
-                             preprocess=args.preprocess)
+                             preprocess=args.preprocess, lanes=args.lanes)
             _write_cache(out, amax, groups, fmt, args.method, rep.samples)
             samples, seconds = rep.samples, rep.calibration_seconds
     finally:

@@ -104,10 +104,11 @@ def calibration_data(loaded: io.Loaded, calib, samples: int | None = None, shard
 def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = DEFAULT_METHOD, batch_size: int = 1,
               samples: int | None = None, providers: list[str] | None = None, percentile: float = 99.99,
               report: InsertReport | None = None, progress=None, shard=None, keep_states: bool = False,
-              preprocess: str | None = None, only: set[str] | None = None):
+              preprocess: str | None = None, only: set[str] | None = None, lanes: int | None = None):
     """amax per scale group of `plan` (or of the groups in `only`), from calibration data (path,
     dict of arrays, or "random"). With keep_states, returns the Collected states instead (for
-    saving shards)."""
+    saving shards). `lanes`: batches run at once on the CPU (default `collect.default_lanes()`);
+    the results do not depend on it."""
     groups = plan.groups()
     if only is not None:
         groups = {rep: members for rep, members in groups.items() if rep in only}
@@ -115,7 +116,7 @@ def calibrate(loaded: io.Loaded, plan: Plan, calib, method: str = DEFAULT_METHOD
         return {}
     data = calibration_data(loaded, calib, samples, shard, report, preprocess)
     got = collect(loaded, groups, data, method="entropy" if keep_states else method, batch_size=batch_size,
-                  providers=providers, progress=progress)
+                  providers=providers, progress=progress, lanes=lanes)
     if report is not None:
         report.samples = got.samples
         report.calibration_seconds = got.seconds
@@ -206,7 +207,7 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
              accuracy_budget: float | None = None, max_float_layers: int | None = None,
              sensitivity_samples: int = 8, preprocess: str | None = None, high_precision: str = "fp16",
              bias_correction: bool = False, smooth_quant: float | None = None, fixed_inputs: dict | None = None,
-             progress=None) -> Result:
+             lanes: int | None = None, progress=None) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
 
     `calib` is a .npz/.npy path, a folder of them, a dict {input name: array (samples first)}, or
@@ -219,7 +220,8 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
     `smooth_quant` (alpha in [0, 1]) migrates activation outliers of quantized MatMul/Gemm inputs
     into their weights first (qdqgraph.passes.smooth). `fixed_inputs` (name -> value) turns those
     inputs into constants, which decides the If nodes they select (qdqgraph.passes.fix_inputs); the
-    written model no longer has them, and calibration data for them is ignored.
+    written model no longer has them, and calibration data for them is ignored. `lanes`: calibration
+    batches run at once on the CPU (see `calibrate`).
     """
     if method not in METHODS:
         raise QdqError(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
@@ -254,12 +256,12 @@ def quantize(model, calib=None, *, method: str = DEFAULT_METHOD, rules=(), exclu
         amax, missing = _amax_from_cache(plan, calib_cache, can_calibrate=real_data)
         if missing:                      # what the plan quantizes beyond the cache, from the data
             amax.update(calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report,
-                                  progress, preprocess=preprocess, only=missing))
+                                  progress, preprocess=preprocess, only=missing, lanes=lanes))
             report.warnings.append(f"{len(missing)} of {len(plan.groups())} scale groups were not in the "
                                    f"calibration cache; calibrated them from the data ({method})")
     else:
         amax = calibrate(loaded, plan, calib, method, batch_size, samples, providers, percentile, report, progress,
-                         preprocess=preprocess)
+                         preprocess=preprocess, lanes=lanes)
     means = None
     if bias_correction:
         from .passes.bias_correction import correct_biases, input_means

@@ -41,14 +41,16 @@ def graph_session(loaded: io.Loaded, providers: list[str] | None = None, purpose
     return session(model, providers, purpose, weights=weights)
 
 
-def _options(spin: bool = True):
+def _options(spin: bool = True, threads: int = 0):
     """Session options; `spin=False`: onnxruntime's worker threads stop spinning as soon as a run
     ends instead of spinning for the next, so work between runs (binning) gets the cores. (They
     still spin within a run: turning spinning off altogether made each run of a small model wait
-    on thread wake-ups, EfficientNet-B0's calibration loop 6.4 s -> 8.3 s for 512 samples.)"""
+    on thread wake-ups, EfficientNet-B0's calibration loop 6.4 s -> 8.3 s for 512 samples.)
+    `threads`: onnxruntime's intra-op threads per run (0: its default, one per core)."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads
     if not spin:
         opts.add_session_config_entry("session.force_spinning_stop", "1")
     for lib in _custom_op_libraries:
@@ -118,11 +120,11 @@ class BlockedOutputs:
 
 
 def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str] | None = None,
-                      purpose: str = "calibration", blocked: bool = True):
+                      purpose: str = "calibration", blocked: bool = True, threads: int = 0):
     """A session over `loaded` with the float tensors `outputs` as graph outputs, for consumers to
     whom only the multiset of values matters (histograms, max): with onnxruntime's CPU provider,
     outputs it computes in a blocked channel layout come out in that layout (see above) unless
-    `blocked` is False.
+    `blocked` is False. `threads`: onnxruntime's threads per run (0: one per core).
     The consumer works between runs, so onnxruntime's threads stop spinning when a run ends
     (measured on 512 samples at batch 1, against spinning on: calibration loop on ResNet-50 19.4-20.1 s
     -> 18.5-18.9 s, EfficientNet-B0 7.8 -> 6.4 s, MobileNetV3-Large 4.8 -> 4.2 s).
@@ -132,13 +134,13 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
     same = BlockedOutputs({n: n for n in outputs}, {})
 
     def plain():
-        return session(model, providers, purpose, weights=weights, opts=_options(spin=False))
+        return session(model, providers, purpose, weights=weights, opts=_options(spin=False, threads=threads))
     if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"]:
         return plain(), same
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
         # onnxruntime optimizes the graph and writes the result (weights in a file beside it); any
         # failure on this way (a full disk, a model it cannot save) leaves the plain-layout session
-        opts = _options(spin=False)
+        opts = _options(spin=False, threads=threads)
         opts.optimized_model_filepath = os.path.join(d, "optimized.onnx")
         opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
         opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
@@ -152,7 +154,7 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
             return first, same
         del first
         import onnxruntime as ort
-        opts = _options(spin=False)
+        opts = _options(spin=False, threads=threads)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
             path = os.path.join(d, "unordered.onnx")

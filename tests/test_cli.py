@@ -228,11 +228,12 @@ def test_console_script_and_example(tmp_path):
 def test_calibrate_shards_merge_to_the_full_run(model_and_data, capsys, method):
     mp, dp = model_and_data
     d = mp.parent
-    assert main(["calibrate", str(mp), "--calib", str(dp), "-o", str(d / "full.json"), "--method", method]) == 0
+    assert main(["calibrate", str(mp), "--calib", str(dp), "-o", str(d / "full.json"), "--method", method,
+                 "--lanes", "1"]) == 0
     for i in (1, 2, 3):
-        # (a batch size of its own per shard: the histograms do not depend on it)
+        # (a batch size and a number of lanes of its own per shard: the histograms depend on neither)
         assert main(["calibrate", str(mp), "--calib", str(dp), "--shard", f"{i}/3", "-o", str(d / f"s{i}.state"),
-                     "--batch-size", str(i)]) == 0
+                     "--batch-size", str(i), "--lanes", str(i)]) == 0
     assert main(["calibrate", "--merge", *(str(d / f"s{i}.state") for i in (1, 2, 3)), "-o", str(d / "m.json"),
                  "--method", method]) == 0
     full = json.loads((d / "full.json").read_text())
@@ -242,6 +243,16 @@ def test_calibrate_shards_merge_to_the_full_run(model_and_data, capsys, method):
     # the merged cache drives insert without data
     assert main(["insert", str(mp), "--calib-cache", str(d / "m.json"), "-o", str(d / "q.onnx")]) == 0
     assert (d / "q.onnx").exists()
+
+
+@pytest.mark.parametrize("flags", [["--lanes", "0"], ["--batch-size", "0"]])
+@pytest.mark.parametrize("command", ["insert", "calibrate"])
+def test_bad_counts_are_one_line_errors(model_and_data, capsys, command, flags):
+    mp, dp = model_and_data
+    out = mp.parent / ("q.onnx" if command == "insert" else "c.json")
+    assert main([command, str(mp), "--calib", str(dp), "-o", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flags[0]} must be at least 1" in err and not out.exists()
 
 
 def _q_scales(path) -> dict:

@@ -11,6 +11,7 @@ from qdqgraph.calib import histogram as histogram_module
 from qdqgraph.calib.collect import collect
 from qdqgraph.calib.histogram import RangeState
 from qdqgraph.data import CalibrationData
+from qdqgraph.errors import QdqError
 from qdqgraph.pipeline import clean, model_inputs
 from qdqgraph.placement import plan_placement
 
@@ -36,6 +37,14 @@ def reference_states(loaded, groups, data):
     return states
 
 
+@pytest.fixture(params=[1, 2], ids=["1-lane", "2-lanes"])
+def lanes(request, monkeypatch):
+    """Run a collection test with one onnxruntime run at a time, and with two at once (the
+    default where there are two cores)."""
+    monkeypatch.setattr(collect_module, "default_lanes", lambda: request.param)
+    return request.param
+
+
 @pytest.fixture(params=["kernel", "in-graph"])
 def binning(request, monkeypatch):
     """Run a collection test once per binning path."""
@@ -46,7 +55,7 @@ def binning(request, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["residual_add", "concat_of_pools", "attention"])
-def test_histograms_equal_numpy_reference(name, binning):
+def test_histograms_equal_numpy_reference(name, binning, lanes):
     m = motifs.ALL[name]()
     loaded, plan = prepared(m)
     arrays = motifs.sample_data(m, n=12)
@@ -58,8 +67,9 @@ def test_histograms_equal_numpy_reference(name, binning):
     data = CalibrationData(arrays, inputs)
     got = collect(loaded, plan.groups(), data, method="entropy")
     ref = reference_states(loaded, plan.groups(), data)
-    # the in-graph path runs the first batch once more to learn the ranges its index graph needs
-    assert got.samples == 12 and got.runs == (12 if binning == "kernel" else 13)
+    # the in-graph path runs the first batch once more to learn the ranges its index graph needs;
+    # lanes run the first sample alone first to start the ranges they all double from
+    assert got.samples == 12 and got.runs == (12 if binning == "kernel" and lanes == 1 else 13)
     for rep in plan.groups():
         a, b = got.states[rep], ref[rep]
         # numpy's update sets each range from the first batch and doubles it as needed; so do
@@ -88,7 +98,7 @@ def _assert_same_states(a, b):
 
 
 @pytest.mark.parametrize("name", ["residual_add", "attention"])
-def test_batch_size_does_not_change_the_histograms(name, binning):
+def test_batch_size_does_not_change_the_histograms(name, binning, lanes):
     # every range starts from the first sample, so any batching gives the batch-1 histograms bit for
     # bit (started from the first batch's max they differ: TensorRT's behaviour, a user complaint)
     m = motifs.ALL[name]()
@@ -102,7 +112,7 @@ def test_batch_size_does_not_change_the_histograms(name, binning):
         _assert_same_states(one.states, other.states)
 
 
-def test_shards_merge_into_the_full_run(binning):
+def test_shards_merge_into_the_full_run(binning, lanes):
     m = motifs.residual_add()
     loaded, plan = prepared(m)
     arrays = _growing(m, 10)
@@ -117,7 +127,7 @@ def test_shards_merge_into_the_full_run(binning):
         _assert_same_states(full, merged)
 
 
-def test_max_method_equals_numpy_max():
+def test_max_method_equals_numpy_max(lanes):
     m = motifs.concat_of_pools()
     loaded, plan = prepared(m)
     arrays = motifs.sample_data(m, n=5)
@@ -261,7 +271,7 @@ def test_blocked_layout_outputs_give_the_plain_layout_results(monkeypatch, metho
 
 @needs_kernel
 @pytest.mark.parametrize("batch_size", [1, 2])
-def test_padded_blocked_outputs_are_collected_again_in_plain_layout(monkeypatch, batch_size):
+def test_padded_blocked_outputs_are_collected_again_in_plain_layout(monkeypatch, batch_size, lanes):
     """A blocked output whose channel count is not its tensor's (padding) must not be binned: the
     whole collection restarts in plain layout, progress counted once (at batch 2 the padding shows
     in the run of the first sample alone that starts the ranges)."""
@@ -361,3 +371,67 @@ def test_blocked_outputs_with_samples_of_different_sizes(monkeypatch):
     for rep in plan.groups():
         np.testing.assert_array_equal(got.states[rep].counts, ref[rep].counts)
         assert got.states[rep].amax == ref[rep].amax and got.states[rep].count == ref[rep].count
+
+
+@pytest.mark.parametrize("method", ["entropy", "max"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_lanes_give_the_one_lane_states_bit_for_bit(monkeypatch, method, batch_size):
+    """Batches run in 2 or 3 lanes at once, each binning into its own states, merge into exactly
+    the states of one batch at a time (ranges grow during the run, so the lanes' widths differ
+    before the merge); each lane binds its own outputs."""
+    m = motifs.residual_add()
+    loaded, plan = prepared(m)
+    data = CalibrationData(_growing(m, 30), model_inputs(loaded.graph))
+    one = collect(loaded, plan.groups(), data, method=method, batch_size=batch_size, lanes=1)
+    bound = []
+    real = collect_module._BoundOutputs.__init__
+
+    def spy(self, *args):
+        bound.append(self)
+        real(self, *args)
+    monkeypatch.setattr(collect_module._BoundOutputs, "__init__", spy)
+    for lanes in (2, 3):
+        bound.clear()
+        done = []
+        got = collect(loaded, plan.groups(), data, method=method, batch_size=batch_size, lanes=lanes,
+                      progress=done.append)
+        assert len(bound) == lanes and got.samples == 30 and sum(done) == 30
+        for rep in plan.groups():
+            a, b = one.states[rep], got.states[rep]
+            assert (a.amax, a.count) == (b.amax, b.count), rep
+            if method == "entropy":
+                assert a.width == b.width, rep
+                np.testing.assert_array_equal(a.counts, b.counts, err_msg=rep)
+
+
+def test_lanes_share_the_cores_and_stop_at_the_earliest_failure(monkeypatch):
+    """Each lane's onnxruntime run gets its share of the cores; a NaN stops every lane within a
+    batch or so, and the error names the earliest bad sample whichever lane met it."""
+    calls = []
+    real = collect_module.unordered_session
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("threads"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(collect_module, "unordered_session", spy)
+    monkeypatch.setattr(collect_module, "cores", lambda: 4)
+    m = motifs.residual_add()
+    loaded, plan = prepared(m)
+    arrays = motifs.sample_data(m, n=60)
+    x = next(k for k, v in arrays.items() if v.dtype == np.float32)
+    arrays[x][[7, 8, 40]] *= np.float32(1e37)    # finite inputs whose convolutions overflow
+    data = CalibrationData(arrays, model_inputs(loaded.graph))
+    for lanes, threads in ((1, 0), (2, 2), (4, 1)):
+        calls.clear()
+        done = []
+        with pytest.raises(QdqError, match="NaN or Inf on calibration sample 7"):
+            collect(loaded, plan.groups(), data, method="entropy", lanes=lanes, progress=done.append)
+        assert calls == [threads] and sum(done) <= 7 + lanes
+
+
+def test_lanes_must_be_positive():
+    m = motifs.residual_add()
+    loaded, plan = prepared(m)
+    data = CalibrationData(motifs.sample_data(m, n=2), model_inputs(loaded.graph))
+    with pytest.raises(QdqError, match="lanes must be at least 1"):
+        collect(loaded, plan.groups(), data, method="entropy", lanes=0)
