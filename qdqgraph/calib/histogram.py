@@ -140,6 +140,13 @@ class RangeState:
         c.width, c.amax, c.count, c.counts = self.width, self.amax, self.count, self.counts.copy()
         return c
 
+    def blank(self) -> "RangeState":
+        """A state with this one's range and nothing counted, as `start` leaves one: states binned
+        from blanks of one started state merge exactly."""
+        c = RangeState(self.num_bins)
+        c.width = self.width
+        return c
+
     # --------------------------------------------------------------------------------- update
     @staticmethod
     def _floats(x) -> np.ndarray:
