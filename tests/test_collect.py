@@ -40,9 +40,8 @@ def reference_states(loaded, groups, data):
 @pytest.fixture(params=[1, 2], ids=["1-lane", "2-lanes"])
 def lanes(request, monkeypatch):
     """Run a collection test with one onnxruntime run at a time, and with two at once (the
-    default where there are two cores), however few the batches."""
+    default where there are two cores)."""
     monkeypatch.setattr(collect_module, "default_lanes", lambda: request.param)
-    monkeypatch.setattr(collect_module, "LANES_MIN_BATCHES", 1)
     return request.param
 
 
@@ -422,34 +421,12 @@ def test_lanes_share_the_cores_and_stop_at_the_earliest_failure(monkeypatch):
     x = next(k for k, v in arrays.items() if v.dtype == np.float32)
     arrays[x][[7, 8, 40]] *= np.float32(1e37)    # finite inputs whose convolutions overflow
     data = CalibrationData(arrays, model_inputs(loaded.graph))
-    for lanes, threads in ((1, 0), (2, 2), (4, 1)):
+    for lanes, threads in ((1, 0), (2, 2), (4, 1), (None, 2)):      # default: 2 lanes from 2 cores
         calls.clear()
         done = []
         with pytest.raises(QdqError, match="NaN or Inf on calibration sample 7"):
             collect(loaded, plan.groups(), data, method="entropy", lanes=lanes, progress=done.append)
         assert calls == [threads] and sum(done) <= 7 + lanes
-
-
-def test_few_batches_run_one_at_a_time_by_default(monkeypatch):
-    """Lanes only pay where there are enough batches; an explicit number of lanes is kept."""
-    calls = []
-    real = collect_module.unordered_session
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("threads"))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(collect_module, "unordered_session", spy)
-    monkeypatch.setattr(collect_module, "default_lanes", lambda: 2)
-    monkeypatch.setattr(collect_module, "cores", lambda: 2)
-    m = motifs.residual_add()
-    loaded, plan = prepared(m)
-    n = collect_module.LANES_MIN_BATCHES
-    for samples, batch_size, lanes, threads in ((n - 1, 1, None, 0), (n, 1, None, 1), (n, 2, None, 0),
-                                                 (2 * n, 2, None, 1), (3, 1, 2, 1)):
-        calls.clear()
-        data = CalibrationData(motifs.sample_data(m, n=samples), model_inputs(loaded.graph))
-        collect(loaded, plan.groups(), data, method="entropy", batch_size=batch_size, lanes=lanes)
-        assert calls == [threads], (samples, batch_size, lanes)
 
 
 def test_lanes_must_be_positive():

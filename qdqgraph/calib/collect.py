@@ -61,14 +61,12 @@ def cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# Below this many batches a calibration runs one batch at a time by default: a lane runs on part of
-# the cores, so the last batches, when the other lane has nothing left, run slower than alone (on
-# layout_cdla's 4 samples, 2 cores: loop 0.46-0.49 s in one lane, 0.70-0.71 s in two).
-LANES_MIN_BATCHES = 16
-
-
 def default_lanes() -> int:
-    """Concurrent onnxruntime runs of a calibration: two where there are two cores or more."""
+    """Concurrent onnxruntime runs of a calibration: two where there are two cores or more, whatever
+    the number of batches, so that peak memory does not depend on the number of samples. On very few
+    batches the lanes cost a little time: a lane runs on part of the cores, so the last batch, when
+    the other lane has nothing left, runs slower than alone (layout_cdla's 4 samples on 2 cores: loop
+    0.46-0.49 s in one lane, 0.70-0.71 s in two)."""
     return 2 if cores() >= 2 else 1
 
 
@@ -208,9 +206,8 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
     else:
         graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride)
     shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
-    if lanes is None:                    # few batches: the lanes' uneven end would cost more than they gain
-        batches = -(-data.count // batch_size) if batch_size > 1 and data.batchable() else data.count
-        lanes = default_lanes() if batches >= LANES_MIN_BATCHES else 1
+    if lanes is None:
+        lanes = default_lanes()
     if lanes < 1:
         raise QdqError(f"lanes must be at least 1, got {lanes}", "pass 1 (one batch at a time) or more")
     if not compiled or list(providers) != ["CPUExecutionProvider"]:
