@@ -232,13 +232,14 @@ def test_bound_outputs_follow_input_shape_changes():
 
 
 def _spy_sessions(monkeypatch) -> list:
-    """Record (blocked layout asked for, channels of the outputs fetched blocked) per session."""
+    """Record (blocked layout asked for, channels of the outputs fetched blocked, onnxruntime threads
+    per run) per session."""
     calls = []
     real = collect_module.unordered_session
 
     def spy(*args, **kwargs):
         sess, blocked = real(*args, **kwargs)
-        calls.append((kwargs.get("blocked", True), dict(blocked.channels)))
+        calls.append((kwargs.get("blocked", True), dict(blocked.channels), kwargs.get("threads")))
         return sess, blocked
     monkeypatch.setattr(collect_module, "unordered_session", spy)
     return calls
@@ -373,6 +374,7 @@ def test_blocked_outputs_with_samples_of_different_sizes(monkeypatch):
         assert got.states[rep].amax == ref[rep].amax and got.states[rep].count == ref[rep].count
 
 
+@needs_kernel
 @pytest.mark.parametrize("method", ["entropy", "max"])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_lanes_give_the_one_lane_states_bit_for_bit(monkeypatch, method, batch_size):
@@ -404,16 +406,11 @@ def test_lanes_give_the_one_lane_states_bit_for_bit(monkeypatch, method, batch_s
                 np.testing.assert_array_equal(a.counts, b.counts, err_msg=rep)
 
 
+@needs_kernel
 def test_lanes_share_the_cores_and_stop_at_the_earliest_failure(monkeypatch):
     """Each lane's onnxruntime run gets its share of the cores; a NaN stops every lane within a
     batch or so, and the error names the earliest bad sample whichever lane met it."""
-    calls = []
-    real = collect_module.unordered_session
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("threads"))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(collect_module, "unordered_session", spy)
+    calls = _spy_sessions(monkeypatch)
     monkeypatch.setattr(collect_module, "cores", lambda: 4)
     m = motifs.residual_add()
     loaded, plan = prepared(m)
@@ -426,7 +423,7 @@ def test_lanes_share_the_cores_and_stop_at_the_earliest_failure(monkeypatch):
         done = []
         with pytest.raises(QdqError, match="NaN or Inf on calibration sample 7"):
             collect(loaded, plan.groups(), data, method="entropy", lanes=lanes, progress=done.append)
-        assert calls == [threads] and sum(done) <= 7 + (lanes or 2)
+        assert [c[2] for c in calls] == [threads] and sum(done) <= 7 + (lanes or 2)
 
 
 def test_lanes_must_be_positive():
