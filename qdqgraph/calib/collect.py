@@ -377,6 +377,15 @@ class _Padded(Exception):
     may be binned."""
 
 
+def _values(names, out, feed, fetch, blocked) -> dict:
+    """tensor -> value of one run: its outputs `out` (in the order of `names`) or, for observed
+    graph inputs, the feed. Raises _Padded if a blocked output carries padding."""
+    out = dict(zip(names, out))
+    if blocked is not None and not blocked.check(out):
+        raise _Padded
+    return {t: feed[t] if f is None else out[f] for t, f in fetch.items()}
+
+
 def _collect_raw(sess, fetch, owner, states, batches, progress,
                  blocked: BlockedOutputs | None = None, seed: dict | None = None, lanes: int = 1) -> tuple[int, int]:
     """Run the batches with the planned tensors as outputs, then bin them, one thread per core
@@ -398,21 +407,15 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     for t in fetch:
         by_state.setdefault(owner[t], []).append(t)
     if seed is not None:
-        out = dict(zip(names, _run(sess, names, seed, 0)))
-        if blocked is not None and not blocked.check(out):
-            raise _Padded
+        values = _values(names, _run(sess, names, seed, 0), seed, fetch, blocked)
         for rep, ts in by_state.items():  # the first member, as the first update would
-            t = ts[0]
-            _reduce_into(states[rep].start, seed[t] if fetch[t] is None else out[fetch[t]], t, 0)
+            _reduce_into(states[rep].start, values[ts[0]], ts[0], 0)
         runs += 1
     if lanes > 1:
         batches = iter(batches)
         if seed is None:                 # the first batch is the first sample: it starts the ranges
             for feed, n in itertools.islice(batches, 1):
-                out = dict(zip(names, _run(sess, names, feed, 0)))
-                if blocked is not None and not blocked.check(out):
-                    raise _Padded
-                values = {t: feed[t] if f is None else out[f] for t, f in fetch.items()}
+                values = _values(names, _run(sess, names, feed, 0), feed, fetch, blocked)
                 for rep, ts in by_state.items():
                     _bin_group(ts, states, rep, values, 0)
                 runs, seen = runs + 1, n
@@ -425,10 +428,7 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     shares = None
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for feed, n in batches:
-            out = dict(zip(names, bound.run(feed, seen)))
-            if blocked is not None and not blocked.check(out):
-                raise _Padded
-            values = {t: feed[t] if f is None else out[f] for t, f in fetch.items()}
+            values = _values(names, bound.run(feed, seen), feed, fetch, blocked)
             runs += 1
             if shares is None:
                 shares = _shares(by_state, values, workers)
@@ -469,10 +469,7 @@ def _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lan
                     feed, n = got
                     sample = tally["seen"]
                     tally["seen"] += n
-                out = dict(zip(names, bound.run(feed, sample)))
-                if blocked is not None and not blocked.check(out):
-                    raise _Padded
-                values = {t: feed[t] if f is None else out[f] for t, f in fetch.items()}
+                values = _values(names, bound.run(feed, sample), feed, fetch, blocked)
                 for rep, ts in by_state.items():
                     _bin_group(ts, mine, rep, values, sample)
                 with lock:
