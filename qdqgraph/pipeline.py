@@ -182,10 +182,12 @@ def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=
 
 def replan(loaded: io.Loaded, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(),
            float_nodes=()) -> Plan:
-    """The placement plan of the (cleaned) graph as it is now."""
-    return plan_placement(loaded.graph, load_ruleset(rules),
-                          Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes),
-                                    tuple(float_nodes)))
+    """The placement plan of the (cleaned) graph as it is now, small INT8 regions returned to float
+    (P13, qdqgraph.small_regions)."""
+    from .small_regions import refine
+    ruleset = load_ruleset(rules)
+    selection = Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes), tuple(float_nodes))
+    return refine(loaded.graph, plan_placement(loaded.graph, ruleset, selection), ruleset, selection)
 
 
 def model_id(model) -> str:

@@ -485,9 +485,13 @@ class Selection:
     exclude_nodes: tuple[str, ...] = ()
     include_nodes: tuple[str, ...] = ()
     float_nodes: tuple[tuple[str, str], ...] = ()   # (exact node name, why): accuracy fallback
+    region_nodes: tuple[tuple[str, str, str], ...] = ()   # (exact node name, rule id, why): P13
 
     def excluded(self, node) -> str | None:
         for name, why in self.float_nodes:
+            if node.name == name:
+                return why
+        for name, _, why in self.region_nodes:
             if node.name == name:
                 return why
         if node.op in self.exclude_ops:
@@ -498,7 +502,11 @@ class Selection:
         return None
 
     def included(self, node) -> bool:
-        return any(re.search(p, node.name or "") for p in self.include_nodes)
+        return self.includes(node.name or "")
+
+    def includes(self, name: str) -> bool:
+        """Does --include-node force the node of this name in?"""
+        return any(re.search(p, name) for p in self.include_nodes)
 
 
 def _exclusions(view: GraphView, ruleset: RuleSet, ctx) -> dict[str, tuple[Rule, str]]:
@@ -615,7 +623,8 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
                 continue
             user = selection.excluded(node)
             if user:
-                rid = "fallback" if any(node.name == n for n, _ in selection.float_nodes) else "user-exclude"
+                rid = ("fallback" if any(node.name == n for n, _ in selection.float_nodes) else
+                       next((r for n, r, _ in selection.region_nodes if n == node.name), "user-exclude"))
                 plan.decisions[node.name] = Decision(node.name, node.op, False, rid, user)
                 continue
             near: tuple[str, str] | None = None

@@ -40,10 +40,22 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class RegionRule:
+    """A [[region]]: INT8 regions that hold at most `max_flops_share` of the FLOPs and are entered
+    or left through a standalone reformat inside the network go back to float (0 turns it off)."""
+    id: str
+    doc: str
+    ref: str
+    source: str
+    max_flops_share: float
+
+
+@dataclass(frozen=True)
 class RuleSet:
     exclusions: tuple[Rule, ...]
     rules: tuple[Rule, ...]
     by_id: dict = field(default_factory=dict, compare=False)
+    region: RegionRule | None = None      # the [[region]] rule in force (a user file's first)
 
     def stage(self, n: int) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.stage == n)
@@ -52,6 +64,7 @@ class RuleSet:
 _RULE_KEYS = {"id", "doc", "ref", "op", "when", "quantize", "stage"}
 _EXCLUDE_KEYS = {"id", "doc", "ref", "op", "path", "when", "advisory"}
 _TARGET_KEYS = {"input", "kind", "axis", "share_scale"}
+_REGION_KEYS = {"id", "doc", "ref", "max_flops_share"}
 _STEP = re.compile(r"^[A-Za-z][A-Za-z0-9]*(\|[A-Za-z][A-Za-z0-9]*)*\??$")
 
 
@@ -88,9 +101,9 @@ def parse_rules(data: dict, source: str, text: str, vocab: Vocabulary, condition
     """Validate one rule file's contents; `conditions` maps condition names to their checkers."""
     if data.get("schema") != 1:
         raise QdqError(f"{source}: expected `schema = 1` at the top", "add it (the rule-file format version)")
-    unknown_tables = set(data) - {"schema", "rule", "exclude"}
+    unknown_tables = set(data) - {"schema", "rule", "exclude", "region"}
     if unknown_tables:
-        raise QdqError(f"{source}: unknown table(s) {sorted(unknown_tables)}", "use [[rule]] or [[exclude]]")
+        raise QdqError(f"{source}: unknown table(s) {sorted(unknown_tables)}", "use [[rule]], [[exclude]] or [[region]]")
     out = []
     for table, allowed in (("exclude", _EXCLUDE_KEYS), ("rule", _RULE_KEYS)):
         for body in data.get(table, []):
@@ -136,6 +149,25 @@ def parse_rules(data: dict, source: str, text: str, vocab: Vocabulary, condition
     return out
 
 
+def parse_regions(data: dict, source: str, text: str) -> list[RegionRule]:
+    """The [[region]] tables of one rule file, validated."""
+    out = []
+    for body in data.get("region", []):
+        rid = body.get("id")
+        where = f"{source}:{_line_of(text, rid) if rid else 0} region {rid or '(no id)'}"
+        if not rid or not body.get("doc") or not body.get("ref"):
+            raise QdqError(f"{where}: every rule needs id, doc and ref", "add the missing keys")
+        unknown = set(body) - _REGION_KEYS
+        if unknown:
+            raise QdqError(f"{where}: unknown key(s) {sorted(unknown)}", f"use {sorted(_REGION_KEYS)}")
+        share = body.get("max_flops_share")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise QdqError(f"{where}: max_flops_share must be a number in [0, 1], not {share!r}",
+                           "write e.g. max_flops_share = 0.005 (0 turns the rule off)")
+        out.append(RegionRule(rid, body["doc"], body["ref"], source, float(share)))
+    return out
+
+
 def load_ruleset(extra: list[str | Path] | tuple = (), conditions: dict | None = None) -> RuleSet:
     """The bundled rules plus users' files; a user rule replaces a bundled one with the same id and
     otherwise comes first."""
@@ -147,9 +179,11 @@ def load_ruleset(extra: list[str | Path] | tuple = (), conditions: dict | None =
     files = [Path(p) for p in extra] + [bundled_path]
     seen: dict[str, Rule] = {}
     ordered: list[Rule] = []
+    regions: list[RegionRule] = []
     for f in files:
         data = read_toml(f)
         text = f.read_text()
+        regions += [r for r in parse_regions(data, str(f), text) if r.id not in {x.id for x in regions}]
         for r in parse_rules(data, str(f), text, vocab, conditions):
             if r.id in seen:
                 if seen[r.id].source == r.source:
@@ -159,4 +193,4 @@ def load_ruleset(extra: list[str | Path] | tuple = (), conditions: dict | None =
             ordered.append(r)
     return RuleSet(exclusions=tuple(r for r in ordered if r.is_exclusion),
                    rules=tuple(r for r in ordered if not r.is_exclusion),
-                   by_id=dict(seen))
+                   by_id=dict(seen), region=regions[0] if regions else None)

@@ -385,6 +385,20 @@ def concat_float():
     return g.model()
 
 
+def small_head():
+    """Two 64-channel 3x3 convs, a channel Softmax (float, P10), then a pooled 64 -> 8 Gemm: the
+    Gemm holds under 0.1% of the FLOPs and could only be entered through a standalone Q."""
+    g = G("small_head")
+    x = g.input("x", ["n", 16, 16, 16])
+    a = g.node("Relu", [g.conv(x, 16, 64, "c1")], name="r1")
+    b = g.node("Relu", [g.conv(a, 64, 64, "c2")], name="r2")
+    p = g.node("Softmax", [b], name="softmax", axis=1)
+    f = g.node("Flatten", [g.node("GlobalAveragePool", [p], name="gap")], name="flat")
+    g.node("Gemm", [f, g.weight("head.w", (64, 8))], ["y"], name="head")
+    g.output("y")
+    return g.model()
+
+
 def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
     """Random calibration samples ([n, *shape], dynamic dims = 2) for every input of a motif."""
     rng = np.random.default_rng(seed)
@@ -407,4 +421,4 @@ ALL = {"conv_relu": conv_relu, "conv_bn_relu": conv_bn_relu, "residual_add": res
        "pool_output": pool_output, "batched_weight": batched_weight, "bmm": bmm, "pool_float": pool_float,
        "concat_float": concat_float, "residual_projection": lambda: residual_add(projection=True),
        "gemm": lambda: gemm_transB(0), "convtranspose_grouped": lambda: convtranspose(2),
-       "dynamic_weight_conv": dynamic_weight_conv}
+       "dynamic_weight_conv": dynamic_weight_conv, "small_head": small_head}

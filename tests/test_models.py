@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 import qdqgraph
-from qdqgraph import io
+from qdqgraph import io, trtsim
 from qdqgraph.passes.check import qdq_violations
 
 ZOO = Path(os.environ.get("QDQGRAPH_ZOO", "/tmp/qdqgraph-zoo"))
@@ -33,6 +33,10 @@ def cases():
 
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# Standalone reformats inside the network that qdqgraph's output is predicted to keep, each where a
+# part that runs float by design meets INT8 compute (README, "TensorRT prediction"); none elsewhere.
+INSIDE_AT_MOST = {"ppocr_mobile_v2_cls": 1, "magika_standard_v3": 2, "minilm_l6_v2": 18, "ddddocr_ocr": 2,
+                  "silero_vad_op15": 1}
 
 
 def producer(t):
@@ -78,6 +82,11 @@ def test_insert_contract_on_real_model(model_path, calib):
         pytest.skip(f"{model_path.name} or its calibration data not generated here (see module docstring)")
     result = qdqgraph.quantize(model_path, calib)
     g = assert_contract(result, None)
+    # the prediction: no more reformats inside than measured, and no INT8 region too small to pay
+    # for the reformats on its border (P13 returns those to float; QDQ209 names any left)
+    sim = trtsim.simulate(result.model)
+    assert sim.summary["reformats_inside"] <= INSIDE_AT_MOST.get(model_path.stem, 0), sim.table()
+    assert [str(d) for d in trtsim.lint(result.model, sim) if d.code == "QDQ209"] == []
     # runs in onnxruntime on a calibration sample
     z = np.load(calib)
     inputs = {i.name: i for i in result.model.graph.input}

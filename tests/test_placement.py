@@ -236,3 +236,44 @@ def test_a_rare_one_hot_keeps_amax_one_whatever_the_method():
     r = qdqgraph.quantize(m, calib_cache={"onehot_out": 0.25}, high_precision="fp32")
     s = {i.name: i for i in r.model.graph.initializer}["onehot_out_scale"]
     assert np.isclose(onnx.numpy_helper.to_array(s), 1.0 / 127)
+
+
+def _region_rule_file(tmp_path, share):
+    f = tmp_path / "region.toml"
+    f.write_text('schema = 1\n[[region]]\nid = "P13-small-int8-region"\ndoc = "d"\nref = "r"\n'
+                 f'max_flops_share = {share}\n')
+    return str(f)
+
+
+def test_a_small_int8_region_behind_a_reformat_goes_back_to_float(tmp_path):
+    """P13: the pooled Gemm head after a float Softmax holds under 0.1% of the FLOPs and could only
+    be entered through a standalone Q; it runs float instead, and no reformat is left inside."""
+    from qdqgraph.small_regions import predict
+    loaded, plan = qdqgraph.pipeline.prepare(motifs.small_head())
+    for node in ("head", "gap"):
+        d = plan.decisions[node]
+        assert not d.quantized and d.rule == "P13-small-int8-region", d
+    assert "softmax_out_q" in plan.decisions["head"].reason and "0.00% of the FLOPs" in plan.decisions["head"].reason
+    assert plan.decisions["c2"].quantized
+    assert predict(loaded.graph, plan).summary["reformats_inside"] == 0
+    # turned off by a rule file (same id, share 0): the head is INT8 behind one standalone Q
+    loaded, plan = qdqgraph.pipeline.prepare(motifs.small_head(), rules=[_region_rule_file(tmp_path, 0)])
+    assert plan.decisions["head"].quantized
+    report = predict(loaded.graph, plan)
+    assert report.summary["reformats_inside"] == 1 and report.layer_of("softmax_out_q").reformat
+
+
+def test_a_region_above_the_share_or_forced_in_stays_int8(tmp_path):
+    _, plan = qdqgraph.pipeline.prepare(motifs.small_head(), rules=[_region_rule_file(tmp_path, 1e-6)])
+    assert plan.decisions["head"].quantized          # the head holds more than 0.0001% of the FLOPs
+    _, plan = qdqgraph.pipeline.prepare(motifs.small_head(), include_nodes=("^head$",))
+    assert plan.decisions["head"].quantized and plan.decisions["head"].rule == "P1-gemm"
+    _, plan = qdqgraph.pipeline.prepare(motifs.tiny_conv())   # its float -> INT8 head holds 5% of the FLOPs
+    assert plan.decisions["head"].quantized
+
+
+@pytest.mark.parametrize("share", ["2", '"half"', "-0.1", "true"])
+def test_a_bad_region_share_is_a_one_line_error(tmp_path, share):
+    with pytest.raises(qdqgraph.QdqError) as e:
+        load_ruleset([_region_rule_file(tmp_path, share)])
+    assert "max_flops_share must be a number in [0, 1]" in str(e.value) and "\n" not in str(e.value)

@@ -91,6 +91,34 @@ def test_flops_count_weighted_ops_only():
     assert all(x.flops == 0 for x in report.layers if x.reformat)
 
 
+def test_a_matmul_takes_k_from_its_weight_when_the_activation_dim_is_symbolic():
+    """A MatMul after a Reshape to a symbolic width (MiniLM's attention output projection) is
+    2 * rows * K * N with K from the weight; the symbolic width would count as 1."""
+    g = QG("symbolic_k")
+    x = g.input("x", ["n", "s", "h"])
+    g.node("MatMul", [x, g.weight("w", (16, 8))], ["y"], name="proj")
+    g.output("y")
+    assert trtsim.simulate(g.model(13)).layer_of("proj").flops == 2 * 8 * 16
+
+
+def test_int8_regions_and_the_reformats_on_their_border(tmp_path):
+    """small_head with P13 off: the conv trunk is one region entered at the graph input; the pooled
+    Gemm head is another, entered through the Q after the float Softmax."""
+    from qdqgraph.trtsim.regions import costly_regions, int8_regions
+    rules = tmp_path / "off.toml"
+    rules.write_text('schema = 1\n[[region]]\nid = "P13-small-int8-region"\ndoc = "d"\nref = "r"\n'
+                     'max_flops_share = 0\n')
+    m = motifs.small_head()
+    report = trtsim.simulate(qdqgraph.quantize(m, motifs.sample_data(m), rules=[str(rules)],
+                                               high_precision="fp32").model)
+    trunk, head = int8_regions(report)
+    assert {"c1", "c2"} <= set(trunk.nodes) and trunk.flops_share > 0.999
+    assert [x.name for x in trunk.entries] == ["x_q"] and not trunk.inner_reformats
+    assert {"gap", "head"} <= set(head.nodes) and head.flops_share < 0.001
+    assert [x.name for x in head.inner_reformats] == ["softmax_out_q"] and not head.exits
+    assert costly_regions(report, 0.005) == [head] and costly_regions(report, 1e-5) == []
+
+
 def test_float16_graph_reports_fp16_float_layers():
     g = QG("fp16")
     x = g.input("x", ["n", 8, 4, 4], onnx.TensorProto.FLOAT16)

@@ -1,5 +1,7 @@
 """FLOPs of weighted ops from tensor shapes (multiply-adds count 2); every other op counts 0.
-Symbolic dimensions count 1; an unknown shape gives 0."""
+Symbolic dimensions count 1. A Gemm or MatMul takes K and N from its weight (second input) where that
+shape is known, so a symbolic activation dimension cannot hide them; unknown rows count 1. A conv
+needs its shapes."""
 from __future__ import annotations
 
 import math
@@ -35,10 +37,15 @@ def node_flops(g: SimGraph, node: SNode) -> float:
         if vocab.is_(node, "conv_transpose"):
             return 2.0 * math.prod(a) * math.prod(w[1:]) if a else 0.0
         return 2.0 * math.prod(out) * math.prod(w[1:]) if out else 0.0
-    if out is None or a is None:
-        return 0.0
+    two_d = w is not None and len(w) >= 2
     if vocab.is_(node, "gemm"):
-        k = a[0] if node.attrs.get("transA", 0) else a[-1]
-        return 2.0 * math.prod(out) * k
-    return 2.0 * math.prod(out) * a[-1]    # MatMul: [..., M, K] x [..., K, N]
-
+        ta, tb = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
+        k = (w[1] if tb else w[0]) if two_d else (a[0] if ta else a[-1]) if a else None
+        n = (w[0] if tb else w[1]) if two_d else None
+        m = (a[1] if ta else a[0]) if a else 1
+    else:                                  # MatMul: [..., M, K] x [..., K, N]
+        k = w[-2] if two_d else a[-1] if a else None
+        n = w[-1] if two_d else None
+        m = math.prod(a[:-1]) if a else 1
+    outputs = math.prod(out) if out else m * n if n else None
+    return 2.0 * outputs * k if outputs and k else 0.0

@@ -1,0 +1,78 @@
+"""INT8 regions of a predicted engine: the INT8 layers that hand INT8 tensors to each other, with
+the standalone reformats on their border and the FLOPs they hold.
+
+A region pays for its INT8 compute with the reformats that enter and leave it. One that holds a
+small share of the FLOPs and is entered or left through a reformat inside the network costs more
+than it saves: a standalone Reformat is a kernel launch and a memory pass of its own, while the
+region's INT8 kernels save at most a part of a small layer's time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .report import Layer, SimReport
+
+
+@dataclass
+class Region:
+    layers: list[Layer]
+    entries: list[Layer] = field(default_factory=list)     # reformats into the region (float -> int8)
+    exits: list[Layer] = field(default_factory=list)       # reformats out of it (int8 -> float)
+    flops_share: float = 0.0
+
+    @property
+    def nodes(self) -> list[str]:
+        return [n for x in self.layers for n in x.nodes]
+
+    @property
+    def inner_reformats(self) -> list[Layer]:
+        """The border reformats inside the network (not on a graph input or output)."""
+        return [x for x in self.entries + self.exits if not x.at_graph_io]
+
+
+def int8_regions(report: SimReport) -> list[Region]:
+    """The INT8 regions of `report`, in layer order: non-reformat layers with an INT8 input or
+    output, joined where they read or write the same INT8 tensor (so the consumers of one Q are
+    one region with its producer)."""
+    members = [x for x in report.layers if not x.reformat and _int8_ports(x)]
+    parent = list(range(len(members)))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}            # int8 tensor -> the first member that reads or writes it
+    for i, x in enumerate(members):
+        for p in x.inputs + x.outputs:
+            if p.precision == "int8":
+                parent[find(i)] = find(first.setdefault(p.tensor, i))
+    groups: dict[int, Region] = {}
+    for i, x in enumerate(members):
+        groups.setdefault(find(i), Region([])).layers.append(x)
+    regions = list(groups.values())
+    by_tensor_in = {p.tensor: r for r in regions for x in r.layers for p in x.inputs if p.precision == "int8"}
+    by_tensor_out = {p.tensor: r for r in regions for x in r.layers for p in x.outputs if p.precision == "int8"}
+    for x in report.reformats:
+        for p in x.outputs:
+            r = by_tensor_in.get(p.tensor)
+            if r is not None and x not in r.entries:
+                r.entries.append(x)
+        for p in x.inputs:
+            r = by_tensor_out.get(p.tensor)
+            if r is not None and x not in r.exits:
+                r.exits.append(x)
+    for r in regions:
+        r.flops_share = sum(x.flops_share for x in r.layers if x.int8)
+    return regions
+
+
+def costly_regions(report: SimReport, max_share: float) -> list[Region]:
+    """INT8 regions with a reformat inside the network on their border and at most `max_share`
+    of the FLOPs."""
+    return [r for r in int8_regions(report) if r.inner_reformats and r.flops_share <= max_share]
+
+
+def _int8_ports(x: Layer) -> bool:
+    return any(p.precision == "int8" for p in x.inputs + x.outputs)
