@@ -153,7 +153,7 @@ def _run_report(args) -> int:
     loaded = io.load(args.model)
     require_folders(args.json, args.graph)
     sim = simulate(loaded.graph)
-    diagnostics = lint(loaded.graph)
+    diagnostics = lint(loaded.graph, sim)
     if args.quiet:
         print(sim.table().splitlines()[-1])
     else:

@@ -64,6 +64,20 @@ def act_scale(scale):
     return g.model(13)
 
 
+def small_region(quantized=True):
+    """A 16 -> 64 INT8 conv, a float Softmax and pool, then a 64 -> 8 Gemm (0.02% of the FLOPs),
+    INT8 behind its own Q (a standalone reformat) or float."""
+    g = QG("small_region")
+    x = g.qdq(g.input("x", ["n", 16, 16, 16]), "x")
+    c = g.node("Conv", [x, g.qweight("conv", (64, 16, 3, 3))], name="conv", kernel_shape=[3, 3], pads=[1] * 4)
+    f = g.node("Flatten", [g.node("GlobalAveragePool", [g.node("Softmax", [c], name="softmax", axis=1)],
+                                  name="gap")], name="flat")
+    f = g.qdq(f, "head_in") if quantized else f
+    g.node("Gemm", [f, g.qweight("head", (8, 64), "qdq" if quantized else "float")], ["y"], name="head", transB=1)
+    g.output("y")
+    return g.model(13)
+
+
 # code -> (positive graph, node the diagnostic names), negative graph
 CASES = {
     "QDQ201": ((conv_qdq_bn, "mid_q"), lambda: conv_chain(bn=True)),
@@ -74,6 +88,7 @@ CASES = {
     "QDQ206": ((lambda: weight_dq(axis=False), "w_dq"), weight_dq),
     "QDQ207": ((lambda: weight_dq(zero_point=3), "w_dq"), weight_dq),
     "QDQ208": ((lambda: act_scale(0.0), "x_q"), lambda: act_scale(S1)),
+    "QDQ209": ((small_region, "head_in_q"), lambda: small_region(quantized=False)),
 }
 
 

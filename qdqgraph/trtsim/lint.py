@@ -10,6 +10,7 @@
 | QDQ206 | per-channel Q/DQ without an explicit axis                     | C3         |
 | QDQ207 | non-zero zero point                                           | C2         |
 | QDQ208 | non-positive or non-finite scale                              | C3         |
+| QDQ209 | a small INT8 region entered or left through a reformat        | P13, F6    |
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ir import DQ, OP, Q, SimGraph, SNode
-from .simulate import as_graph
+from .regions import costly_regions
+from .report import SimReport
+from .simulate import as_graph, simulate
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,36 @@ def _scale_check(n: SNode) -> list[Diagnostic]:
     return out
 
 
-def lint(model) -> list[Diagnostic]:
-    """Diagnostics for a Q/DQ graph (gs.Graph, Loaded, ModelProto or path), in node order."""
-    g = SimGraph.from_gs(as_graph(model))
+def region_diagnostics(report: SimReport) -> list[Diagnostic]:
+    """QDQ209: INT8 regions that hold at most the P13 share of the FLOPs (rules/placement.toml
+    [[region]]) and cost standalone reformats inside the network."""
+    from ..ops import vocabulary
+    from ..rules import load_ruleset
+    rule = load_ruleset().region
+    if rule is None or rule.max_flops_share <= 0:
+        return []
+    vocab = vocabulary()
+    out = []
+    for r in costly_regions(report, rule.max_flops_share):
+        weighted = [n for x in r.layers for n, op in zip(x.nodes, x.ops) if vocab.is_(op, "weighted")]
+        weighted = weighted or r.layers[0].nodes[:1]
+        borders = [x.name for x in r.inner_reformats]
+        out.append(Diagnostic("QDQ209", borders[0], f"the INT8 region of {', '.join(weighted)} holds "
+                              f"{100 * r.flops_share:.2f}% of the FLOPs but costs {len(borders)} standalone "
+                              f"reformat(s) inside the network ({', '.join(borders)})",
+                              f"run it in float: remove its Q/DQ ({rule.id}; qdqgraph insert does this)"))
+    return out
+
+
+def lint(model, report: SimReport | None = None) -> list[Diagnostic]:
+    """Diagnostics for a Q/DQ graph (gs.Graph, Loaded, ModelProto or path), in node order, then
+    QDQ209 from the simulation (`report`, or simulated here)."""
+    graph = as_graph(model)
+    return _graph_diagnostics(graph) + region_diagnostics(report or simulate(graph))
+
+
+def _graph_diagnostics(graph) -> list[Diagnostic]:
+    g = SimGraph.from_gs(graph)
     v = g.vocab
     out: list[Diagnostic] = []
     for n in g.order():
