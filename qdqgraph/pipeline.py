@@ -183,7 +183,7 @@ def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=
 def replan(loaded: io.Loaded, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(),
            float_nodes=()) -> Plan:
     """The placement plan of the (cleaned) graph as it is now, small INT8 regions returned to float
-    (P13, qdqgraph.small_regions)."""
+    (P14, qdqgraph.small_regions)."""
     from .small_regions import refine
     ruleset = load_ruleset(rules)
     selection = Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes), tuple(float_nodes))

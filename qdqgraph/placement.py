@@ -485,7 +485,7 @@ class Selection:
     exclude_nodes: tuple[str, ...] = ()
     include_nodes: tuple[str, ...] = ()
     float_nodes: tuple[tuple[str, str], ...] = ()   # (exact node name, why): accuracy fallback
-    region_nodes: tuple[tuple[str, str, str], ...] = ()   # (exact node name, rule id, why): P13
+    region_nodes: tuple[tuple[str, str, str], ...] = ()   # (exact node name, rule id, why): P14
 
     def excluded(self, node) -> str | None:
         for name, why in self.float_nodes:

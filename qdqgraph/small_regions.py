@@ -1,4 +1,4 @@
-"""P13: after placement, the INT8 regions too small to pay for their reformats go back to float
+"""P14: after placement, the INT8 regions too small to pay for their reformats go back to float
 (the [[region]] rule of rules/placement.toml).
 
 The plan is simulated with unit scales, so the choice does not depend on the calibration data and

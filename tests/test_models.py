@@ -83,7 +83,7 @@ def test_insert_contract_on_real_model(model_path, calib):
     result = qdqgraph.quantize(model_path, calib)
     g = assert_contract(result, None)
     # the prediction: no more reformats inside than measured, and no INT8 region too small to pay
-    # for the reformats on its border (P13 returns those to float; QDQ209 names any left)
+    # for the reformats on its border (P14 returns those to float; QDQ209 names any left)
     sim = trtsim.simulate(result.model)
     assert sim.summary["reformats_inside"] <= INSIDE_AT_MOST.get(model_path.stem, 0), sim.table()
     assert [str(d) for d in trtsim.lint(result.model, sim) if d.code == "QDQ209"] == []

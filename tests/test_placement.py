@@ -240,19 +240,19 @@ def test_a_rare_one_hot_keeps_amax_one_whatever_the_method():
 
 def _region_rule_file(tmp_path, share):
     f = tmp_path / "region.toml"
-    f.write_text('schema = 1\n[[region]]\nid = "P13-small-int8-region"\ndoc = "d"\nref = "r"\n'
+    f.write_text('schema = 1\n[[region]]\nid = "P14-small-int8-region"\ndoc = "d"\nref = "r"\n'
                  f'max_flops_share = {share}\n')
     return str(f)
 
 
 def test_a_small_int8_region_behind_a_reformat_goes_back_to_float(tmp_path):
-    """P13: the pooled Gemm head after a float Softmax holds under 0.1% of the FLOPs and could only
+    """P14: the pooled Gemm head after a float Softmax holds under 0.1% of the FLOPs and could only
     be entered through a standalone Q; it runs float instead, and no reformat is left inside."""
     from qdqgraph.small_regions import predict
     loaded, plan = qdqgraph.pipeline.prepare(motifs.small_head())
     for node in ("head", "gap"):
         d = plan.decisions[node]
-        assert not d.quantized and d.rule == "P13-small-int8-region", d
+        assert not d.quantized and d.rule == "P14-small-int8-region", d
     assert "softmax_out_q" in plan.decisions["head"].reason and "0.00% of the FLOPs" in plan.decisions["head"].reason
     assert plan.decisions["c2"].quantized
     assert predict(loaded.graph, plan).summary["reformats_inside"] == 0

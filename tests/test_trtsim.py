@@ -102,11 +102,11 @@ def test_a_matmul_takes_k_from_its_weight_when_the_activation_dim_is_symbolic():
 
 
 def test_int8_regions_and_the_reformats_on_their_border(tmp_path):
-    """small_head with P13 off: the conv trunk is one region entered at the graph input; the pooled
+    """small_head with P14 off: the conv trunk is one region entered at the graph input; the pooled
     Gemm head is another, entered through the Q after the float Softmax."""
     from qdqgraph.trtsim.regions import costly_regions, int8_regions
     rules = tmp_path / "off.toml"
-    rules.write_text('schema = 1\n[[region]]\nid = "P13-small-int8-region"\ndoc = "d"\nref = "r"\n'
+    rules.write_text('schema = 1\n[[region]]\nid = "P14-small-int8-region"\ndoc = "d"\nref = "r"\n'
                      'max_flops_share = 0\n')
     m = motifs.small_head()
     report = trtsim.simulate(qdqgraph.quantize(m, motifs.sample_data(m), rules=[str(rules)],

@@ -10,7 +10,7 @@
 | QDQ206 | per-channel Q/DQ without an explicit axis                     | C3         |
 | QDQ207 | non-zero zero point                                           | C2         |
 | QDQ208 | non-positive or non-finite scale                              | C3         |
-| QDQ209 | a small INT8 region entered or left through a reformat        | P13, F6    |
+| QDQ209 | a small INT8 region entered or left through a reformat        | P14, F6    |
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def _scale_check(n: SNode) -> list[Diagnostic]:
 
 
 def region_diagnostics(report: SimReport) -> list[Diagnostic]:
-    """QDQ209: INT8 regions that hold at most the P13 share of the FLOPs (rules/placement.toml
+    """QDQ209: INT8 regions that hold at most the P14 share of the FLOPs (rules/placement.toml
     [[region]]) and cost standalone reformats inside the network."""
     from ..ops import vocabulary
     from ..rules import load_ruleset
