@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -20,8 +21,10 @@ from ..view import GraphView, is_float_dtype, subgraph_reads
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
 
 
+@lru_cache(maxsize=1 << 16)
 def natural_key(name: str) -> tuple:
-    """'Conv_9' < 'Conv_10': digits compare as numbers."""
+    """'Conv_9' < 'Conv_10': digits compare as numbers. Cached: the index is rebuilt after every
+    rewrite and sorts every consumer list by it."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
