@@ -75,6 +75,18 @@ def _line_of(text: str, rule_id: str) -> int:
     return 0
 
 
+def _checked_header(body: dict, allowed: set, source: str, text: str, kind: str) -> tuple[str, str]:
+    """(id, "file:line kind id") of one table, after checking its id, doc, ref and keys."""
+    rid = body.get("id")
+    where = f"{source}:{_line_of(text, rid) if rid else 0} {kind} {rid or '(no id)'}"
+    if not rid or not body.get("doc") or not body.get("ref"):
+        raise QdqError(f"{where}: every rule needs id, doc and ref", "add the missing keys")
+    unknown = set(body) - allowed
+    if unknown:
+        raise QdqError(f"{where}: unknown key(s) {sorted(unknown)}", f"use {sorted(allowed)}")
+    return rid, where
+
+
 def _parse_target(t: dict, where: str) -> Target:
     unknown = set(t) - _TARGET_KEYS
     if unknown:
@@ -107,13 +119,7 @@ def parse_rules(data: dict, source: str, text: str, vocab: Vocabulary, condition
     out = []
     for table, allowed in (("exclude", _EXCLUDE_KEYS), ("rule", _RULE_KEYS)):
         for body in data.get(table, []):
-            rid = body.get("id")
-            where = f"{source}:{_line_of(text, rid) if rid else 0} rule {rid or '(no id)'}"
-            if not rid or not body.get("doc") or not body.get("ref"):
-                raise QdqError(f"{where}: every rule needs id, doc and ref", "add the missing keys")
-            unknown = set(body) - allowed
-            if unknown:
-                raise QdqError(f"{where}: unknown key(s) {sorted(unknown)}", f"use {sorted(allowed)}")
+            rid, where = _checked_header(body, allowed, source, text, "rule")
             op = body.get("op")
             path = tuple(body.get("path", ()))
             if table == "rule" and not op:
@@ -153,13 +159,7 @@ def parse_regions(data: dict, source: str, text: str) -> list[RegionRule]:
     """The [[region]] tables of one rule file, validated."""
     out = []
     for body in data.get("region", []):
-        rid = body.get("id")
-        where = f"{source}:{_line_of(text, rid) if rid else 0} region {rid or '(no id)'}"
-        if not rid or not body.get("doc") or not body.get("ref"):
-            raise QdqError(f"{where}: every rule needs id, doc and ref", "add the missing keys")
-        unknown = set(body) - _REGION_KEYS
-        if unknown:
-            raise QdqError(f"{where}: unknown key(s) {sorted(unknown)}", f"use {sorted(_REGION_KEYS)}")
+        rid, where = _checked_header(body, _REGION_KEYS, source, text, "region")
         share = body.get("max_flops_share")
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
             raise QdqError(f"{where}: max_flops_share must be a number in [0, 1], not {share!r}",
