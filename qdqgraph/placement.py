@@ -487,18 +487,20 @@ class Selection:
     float_nodes: tuple[tuple[str, str], ...] = ()   # (exact node name, why): accuracy fallback
     region_nodes: tuple[tuple[str, str, str], ...] = ()   # (exact node name, rule id, why): P14
 
-    def excluded(self, node) -> str | None:
+    def excluded(self, node) -> tuple[str, str] | None:
+        """(rule id, why) if the node must stay float: "fallback", the P14 rule's id, or
+        "user-exclude"; None otherwise."""
         for name, why in self.float_nodes:
             if node.name == name:
-                return why
-        for name, _, why in self.region_nodes:
+                return "fallback", why
+        for name, rid, why in self.region_nodes:
             if node.name == name:
-                return why
+                return rid, why
         if node.op in self.exclude_ops:
-            return f"--exclude-op {node.op}"
+            return "user-exclude", f"--exclude-op {node.op}"
         for pat in self.exclude_nodes:
             if re.search(pat, node.name or ""):
-                return f"--exclude-node {pat}"
+                return "user-exclude", f"--exclude-node {pat}"
         return None
 
     def included(self, node) -> bool:
@@ -623,9 +625,7 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
                 continue
             user = selection.excluded(node)
             if user:
-                rid = ("fallback" if any(node.name == n for n, _ in selection.float_nodes) else
-                       next((r for n, r, _ in selection.region_nodes if n == node.name), "user-exclude"))
-                plan.decisions[node.name] = Decision(node.name, node.op, False, rid, user)
+                plan.decisions[node.name] = Decision(node.name, node.op, False, *user)
                 continue
             near: tuple[str, str] | None = None
             for rule in (r for r in candidates if r.stage == stage):
