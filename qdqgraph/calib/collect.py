@@ -397,7 +397,6 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     (raises _Padded, with no progress reported). `seed`: a sample run first, alone, to start each
     histogram's range (`RangeState.start`); the first batch's first sample does that otherwise.
     Returns (samples, runs)."""
-    import os
     from concurrent.futures import ThreadPoolExecutor
     seen = runs = 0
     if blocked is not None:
@@ -424,7 +423,7 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
         more_seen, more = _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lanes, seen)
         return seen + more_seen, runs + more
     bound = _BoundOutputs(sess, names)
-    workers = max(1, min(os.cpu_count() or 1, len(by_state)))
+    workers = max(1, min(cores(), len(by_state)))
     shares = None
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for feed, n in batches:
