@@ -18,7 +18,7 @@ from .passes.insert import insert_qdq  # noqa: E402
 from .passes.strip import strip_qdq  # noqa: E402
 from .pipeline import quantize  # noqa: E402
 from .placement import Selection, plan_placement  # noqa: E402
-from .rules import load_ruleset  # noqa: E402
+from .placement import load_ruleset  # noqa: E402
 
 __all__ = ["QdqError", "load", "save", "to_model", "fold_batchnorm", "fold_constants", "plan_placement",
            "insert_qdq", "strip_qdq", "qdq_violations", "quantize", "Selection", "load_ruleset"]

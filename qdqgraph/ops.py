@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .rules_files import read_toml, rules_dir
+from .rulebook.files import bundled, read_toml
 
 # Op types qdqgraph writes.
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
+CAST = "Cast"
 
 
 def attr_str(attrs: dict, name: str, default: str) -> str:
@@ -68,5 +69,5 @@ def parse_vocabulary(data: dict, source: str) -> Vocabulary:
 
 @lru_cache(maxsize=1)
 def vocabulary() -> Vocabulary:
-    path = rules_dir() / "op_classes.toml"
+    path = bundled("op_classes.toml")
     return parse_vocabulary(read_toml(path), str(path))

@@ -23,7 +23,7 @@ from .passes.precision import HIGH_PRECISIONS, lower_float_islands, measure_rang
 from .passes.precision import MIN_OPSET as PRECISION_OPSET
 from .placement import Plan, Selection, plan_placement
 from .report import InsertReport
-from .rules import load_ruleset
+from .placement import load_ruleset
 from .view import GraphView
 
 # The default calibration method: the best across the model zoo (README, "Accuracy"). Percentile
@@ -183,8 +183,8 @@ def prepare(model, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=
 def replan(loaded: io.Loaded, *, rules=(), exclude_ops=(), exclude_nodes=(), include_nodes=(),
            float_nodes=()) -> Plan:
     """The placement plan of the (cleaned) graph as it is now, small INT8 regions returned to float
-    (P14, qdqgraph.small_regions)."""
-    from .small_regions import refine
+    (P14, qdqgraph.placement.refine)."""
+    from .placement.refine import refine
     ruleset = load_ruleset(rules)
     selection = Selection(tuple(exclude_ops), tuple(exclude_nodes), tuple(include_nodes), tuple(float_nodes))
     return refine(loaded.graph, plan_placement(loaded.graph, ruleset, selection), ruleset, selection)

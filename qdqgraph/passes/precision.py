@@ -35,7 +35,7 @@ import onnx_graphsurgeon as gs
 
 from ..errors import QdqError
 from ..ops import vocabulary
-from ..rules_files import read_toml, rules_dir
+from ..rulebook.files import bundled, read_toml
 from ..view import GraphView
 
 F32 = np.dtype(np.float32)
@@ -57,7 +57,7 @@ class KeepRule:
 
 @lru_cache(maxsize=1)
 def keep_rules() -> tuple[KeepRule, ...]:
-    path = rules_dir() / "precision.toml"
+    path = bundled("precision.toml")
     data = read_toml(path)
     vocab = vocabulary()
     out = []

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
-from ..ops import DEQUANTIZE, QUANTIZE
+from ..ops import CAST, DEQUANTIZE, QUANTIZE
 from ..view import GraphView
 
 
@@ -21,16 +22,51 @@ def _dequantize(view, dq) -> np.ndarray | None:
     return ((q.astype(np.float32) - z.astype(np.float32)) * s).astype(s.dtype)
 
 
+def _dq_dtype(view, dq):
+    """The type a DQ outputs: its scale's (the float islands give FP16 scales to FP16 parts)."""
+    scale = view.constant_value(dq.inputs[1])
+    return scale.dtype if scale is not None else view.dtype(dq.outputs[0])
+
+
+def _onnx_type(dtype) -> int | None:
+    """The ONNX element type of a graphsurgeon dtype (a numpy dtype, or an ONNX enum for the
+    types numpy lacks, such as bfloat16)."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, (int, np.integer)):
+        return int(dtype)
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _as_type(graph: gs.Graph, view, t: gs.Tensor, dtype, casts: dict) -> gs.Tensor:
+    """`t`, or one shared Cast of it to `dtype` where its type differs (a float32 model input that
+    fed a Q whose DQ was FP16: without a Cast the FP16 consumer would read float32)."""
+    want, have = _onnx_type(dtype), _onnx_type(view.dtype(t))
+    if want is None or have is None or want == have:
+        return t
+    key = (t.name, want)
+    if key not in casts:
+        short = onnx.TensorProto.DataType.Name(want).lower()
+        out = gs.Variable(f"{t.name}_as_{short}", dtype=dtype, shape=t.shape)
+        graph.nodes.append(gs.Node(CAST, name=f"{t.name}_cast_{short}", inputs=[t], outputs=[out],
+                                   attrs={"to": want}))
+        casts[key] = out
+    return casts[key]
+
+
 def strip_qdq(graph: gs.Graph) -> int:
     """Bypass every Q->DQ pair and turn every constant->DQ into a float constant. Returns the number
-    of DequantizeLinear nodes removed. Modifies `graph`."""
+    of DequantizeLinear nodes removed. Modifies `graph`. In a model with FP16 islands the result
+    keeps their types: where a Q's input and its DQ's output differ in type, a Cast takes the DQ's
+    place."""
     view = GraphView(graph)
     removed = 0
+    casts: dict = {}
     for dq in [n for n in view.nodes if n.op == DEQUANTIZE]:
         src = dq.inputs[0]
         p = view.producer(src)
         if p is not None and p.op == QUANTIZE:
-            replacement = p.inputs[0]
+            replacement = _as_type(graph, view, p.inputs[0], _dq_dtype(view, dq), casts)
         else:
             value = _dequantize(view, dq)
             if value is None:

@@ -92,7 +92,7 @@ def region_diagnostics(report: SimReport) -> list[Diagnostic]:
     """QDQ209: INT8 regions that hold at most the P14 share of the FLOPs (rules/placement.toml
     [[region]]) and cost standalone reformats inside the network."""
     from ..ops import vocabulary
-    from ..rules import load_ruleset
+    from ..placement.ruleset import load_ruleset
     rule = load_ruleset().region
     if rule is None or rule.max_flops_share <= 0:
         return []

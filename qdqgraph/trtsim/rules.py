@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import QdqError
 from ..ops import vocabulary
-from ..rules_files import read_toml, rules_dir
+from ..rulebook.files import bundled_files, read_rule_file
 
 # action -> what the code does with a rule of that action (the closed registry of mechanisms)
 ACTIONS = {
@@ -108,8 +108,8 @@ def parse_sim_rules(data: dict, source: str, text: str, conditions: dict) -> lis
     return out
 
 
-def rule_files() -> list[Path]:
-    return sorted((rules_dir() / "tensorrt").glob("*.toml"))
+def rule_files() -> list:
+    return bundled_files("tensorrt")
 
 
 def load_sim_rules(extra: list | tuple = (), conditions: dict | None = None) -> SimRuleSet:
@@ -122,8 +122,9 @@ def load_sim_rules(extra: list | tuple = (), conditions: dict | None = None) -> 
     ordered: list[SimRule] = []
     bundled = {str(f) for f in rule_files()}
     for f in [Path(p) for p in extra] + rule_files():
-        text = f.read_text()
-        for r in parse_sim_rules(read_toml(f), str(f), text, conditions):
+        rf = read_rule_file(f)
+        text = rf.text
+        for r in parse_sim_rules(rf.data, rf.source, text, conditions):
             if r.id in seen:
                 first = seen[r.id].source
                 if first == r.source or (first in bundled and r.source in bundled):

@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import QdqError
-from .ops import Vocabulary, vocabulary
-from .rules_files import read_toml, rules_dir
+from ..errors import QdqError
+from ..ops import Vocabulary, vocabulary
+from ..rulebook.files import bundled, read_rule_file
 
 
 @dataclass(frozen=True)
@@ -172,19 +172,19 @@ def load_ruleset(extra: list[str | Path] | tuple = (), conditions: dict | None =
     """The bundled rules plus users' files; a user rule replaces a bundled one with the same id and
     otherwise comes first."""
     if conditions is None:
-        from .placement import CONDITIONS
+        from .planner import CONDITIONS
         conditions = CONDITIONS
     vocab = vocabulary()
-    bundled_path = rules_dir() / "placement.toml"
+    bundled_path = bundled("placement.toml")
     files = [Path(p) for p in extra] + [bundled_path]
     seen: dict[str, Rule] = {}
     ordered: list[Rule] = []
     regions: list[RegionRule] = []
     for f in files:
-        data = read_toml(f)
-        text = f.read_text()
-        regions += [r for r in parse_regions(data, str(f), text) if r.id not in {x.id for x in regions}]
-        for r in parse_rules(data, str(f), text, vocab, conditions):
+        rf = read_rule_file(f)
+        data, text = rf.data, rf.text
+        regions += [r for r in parse_regions(data, rf.source, text) if r.id not in {x.id for x in regions}]
+        for r in parse_rules(data, rf.source, text, vocab, conditions):
             if r.id in seen:
                 if seen[r.id].source == r.source:
                     raise QdqError(f"{f}:{_line_of(text, r.id)}: rule id {r.id} appears twice", "give each rule its own id")

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .ops import nearest_resize
-from .rules import Rule, RuleSet, load_ruleset
-from .trtsim.conditions import MAX_REGION
-from .view import GraphView
+from ..ops import nearest_resize
+from .ruleset import Rule, RuleSet, load_ruleset
+from ..trtsim.conditions import MAX_REGION
+from ..view import GraphView
 
 # ONNX attribute defaults that conditions compare against.
 _ATTR_DEFAULTS = {"group": 1, "transA": 0, "transB": 0}

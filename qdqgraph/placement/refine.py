@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import onnx_graphsurgeon as gs
 
-from .passes.insert import insert_qdq
-from .placement import Plan, Selection, plan_placement
-from .rules import RegionRule, RuleSet
-from .trtsim import SimReport, simulate
-from .trtsim.regions import costly_regions
+from ..passes.insert import insert_qdq
+from .planner import Plan, Selection, plan_placement
+from .ruleset import RegionRule, RuleSet
+from ..trtsim import SimReport, simulate
+from ..trtsim.regions import costly_regions
 
 
 def predict(graph: gs.Graph, plan: Plan) -> SimReport:
