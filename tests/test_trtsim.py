@@ -232,6 +232,7 @@ def _shuffled(model, seed):
 def test_random_graphs_settle_within_the_bound_and_do_not_depend_on_node_order(model, seed):
     report = trtsim.simulate(gs.import_onnx(model))
     assert report.steps <= default_bound(SimGraph.from_gs(gs.import_onnx(model)))
+    report.final[0].check_index()       # the incremental index equals one built from scratch
     for n in model.graph.node:                # every node is in a layer, or was removed by a named rule
         owners = [x for x in report.layers if n.name in x.nodes]
         removed = [e["rule"] for e in report.eliminated if n.name in e["nodes"]]

@@ -187,8 +187,12 @@ def main():
                    path_in_package=spec["path"], license=spec["license"],
                    sha256=sha256(dst), bytes=dst.stat().st_size, **describe(dst))
         man.append(rec)
-    man_p.write_text(json.dumps(man, indent=1))
-    print(f"wrote {man_p}")
+    text = json.dumps(man, indent=1)
+    if not man_p.exists() or man_p.read_text() != text:   # keep its mtime when nothing changed
+        man_p.write_text(text)
+        print(f"wrote {man_p}")
+    else:
+        print(f"{man_p} unchanged")
     return 0
 
 

@@ -422,7 +422,7 @@ def pointwise_region(g: SimGraph, t: str) -> tuple[list[SNode], str | None, str]
         return [], None, f"{t} also feeds ops outside the pointwise region"
     if len(leaving) != 1:
         return [], None, f"the pointwise region has {len(leaving)} outputs, not one"
-    order = {n.name: k for k, n in enumerate(g.order())}
+    order = g.position()
     return sorted(region.values(), key=lambda n: order[n.name]), leaving[0], ""
 
 

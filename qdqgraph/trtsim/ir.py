@@ -88,17 +88,26 @@ class SimGraph:
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self.onnx_names: dict[str, str] = {}   # every ONNX node name of the source graph -> op type
-        self._index = None
+        self._producer: dict[str, SNode] = {}
+        self._consumers: dict[str, list[tuple[SNode, int]]] = {}
         self._order = None
+        self._position = None
         self._counter = 0
+        self.journal: set[str] | None = None   # tensors touched by edits, while a driver records them
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_gs(cls, graph: gs.Graph, vocab: Vocabulary | None = None) -> "SimGraph":
-        graph = graph.copy()      # GraphView fills dtypes in node order: give it a topological one
-        graph.toposort()
-        view = GraphView(graph, vocab)
+        """Read `graph` into a new SimGraph; the caller's graph is left as it was (its node list is
+        sorted for the walk and put back)."""
+        saved = list(graph.nodes)
+        try:
+            graph.toposort(recurse_subgraphs=False)   # GraphView fills dtypes in node order
+            view = GraphView(graph, vocab)      # keeps the sorted node list for its walks
+            nodes = view.nodes
+        finally:
+            graph.nodes = saved
         g = cls(view.vocab)
         g.inputs = [t.name for t in graph.inputs]
         g.outputs = [t.name for t in graph.outputs]
@@ -110,7 +119,7 @@ class SimGraph:
             g.tensors[name] = STensor(name, view.dtype(t), shape,
                                       None if value is None else np.asarray(value))
         used: set[str] = set()
-        for n in graph.nodes:
+        for n in nodes:
             if view.vocab.is_(n, "constant") and all(g.tensors[o.name].is_const for o in n.outputs if o.name):
                 continue  # a Constant node is its value
             name = n.name or f"{n.op}({n.outputs[0].name if n.outputs else ''})"
@@ -128,9 +137,8 @@ class SimGraph:
                 node.role = DQ
             if node.role in (Q, DQ):
                 node.qp = g._qparams(node)
-            g.nodes[name] = node
+            g.add(node)
             g.onnx_names[name] = n.op
-        g.touch()
         return g
 
     def _qparams(self, node: SNode) -> QParams:
@@ -151,32 +159,83 @@ class SimGraph:
         t = self.tensors.get(tensor)
         return t is not None and t.is_const
 
-    def touch(self):
-        self._index = None
-        self._order = None
+    # ------------------------------------------------------------------ the index
+    # producer and consumers of every tensor, kept up to date by every edit below (add, remove,
+    # set_input, set_output, replace_uses): a rewrite costs the size of its neighbourhood, not of
+    # the graph. Consumer lists are sorted by natural node name, then input index.
 
-    def _build_index(self):
+    def _note(self, *tensors: str) -> None:
+        if self.journal is not None:
+            self.journal.update(t for t in tensors if t)
+
+    def _link(self, node: SNode) -> None:
+        self._note(*node.inputs, *node.outputs)
+        for o in node.outputs:
+            if o:
+                self._producer[o] = node
+        for i, t in enumerate(node.inputs):
+            if t:
+                self._add_use(t, node, i)
+
+    def _unlink(self, node: SNode) -> None:
+        self._note(*node.inputs, *node.outputs)
+        for o in node.outputs:
+            if o and self._producer.get(o) is node:
+                del self._producer[o]
+        for i, t in enumerate(node.inputs):
+            if t:
+                self._drop_use(t, node, i)
+
+    def _add_use(self, tensor: str, node: SNode, index: int) -> None:
+        uses = self._consumers.setdefault(tensor, [])
+        key = (natural_key(node.name), index)
+        lo, hi = 0, len(uses)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if (natural_key(uses[mid][0].name), uses[mid][1]) < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        uses.insert(lo, (node, index))
+
+    def _drop_use(self, tensor: str, node: SNode, index: int) -> None:
+        uses = self._consumers.get(tensor)
+        if not uses:
+            return
+        for k, (n, i) in enumerate(uses):
+            if n is node and i == index:
+                del uses[k]
+                break
+        if not uses:
+            del self._consumers[tensor]
+
+    def touch(self):
+        """Forget the cached order (the index itself is always current)."""
+        self._order = None
+        self._position = None
+
+    def check_index(self) -> None:
+        """Raise if the incremental index differs from one built from scratch (used by tests)."""
         producer, consumers = {}, {}
         for n in self.nodes.values():
             for o in n.outputs:
                 if o:
-                    producer[o] = n
+                    producer[o] = n.name
             for i, t in enumerate(n.inputs):
                 if t:
-                    consumers.setdefault(t, []).append((n, i))
+                    consumers.setdefault(t, []).append((n.name, i))
         for lst in consumers.values():
-            lst.sort(key=lambda c: (natural_key(c[0].name), c[1]))
-        self._index = (producer, consumers)
+            lst.sort(key=lambda c: (natural_key(c[0]), c[1]))
+        got_p = {t: n.name for t, n in self._producer.items()}
+        got_c = {t: [(n.name, i) for n, i in lst] for t, lst in self._consumers.items()}
+        if got_p != producer or got_c != consumers:
+            raise AssertionError("the simulator's producer/consumer index is out of date")
 
     def producer(self, tensor: str) -> SNode | None:
-        if self._index is None:
-            self._build_index()
-        return self._index[0].get(tensor)
+        return self._producer.get(tensor)
 
     def consumers(self, tensor: str) -> list[tuple[SNode, int]]:
-        if self._index is None:
-            self._build_index()
-        return list(self._index[1].get(tensor, ()))
+        return list(self._consumers.get(tensor, ()))
 
     def data_consumers(self, tensor: str) -> list[tuple[SNode, int]]:
         """Consumers that read the tensor's values: a Shape reads its dimensions only, so it puts no
@@ -255,6 +314,12 @@ class SimGraph:
         self._order = out
         return out
 
+    def position(self) -> dict[str, int]:
+        """Node name -> index in `order()` (cached with it)."""
+        if self._position is None:
+            self._position = {n.name: k for k, n in enumerate(self.order())}
+        return self._position
+
     def depth(self) -> dict[str, int]:
         """Longest path (in nodes) from the graph inputs to each node."""
         d = {}
@@ -266,16 +331,25 @@ class SimGraph:
     # ------------------------------------------------------------------ edits
 
     def prune(self) -> list[str]:
-        """Remove nodes whose outputs nothing reads (TensorRT builds no layer for them)."""
+        """Remove nodes whose outputs nothing reads (TensorRT builds no layer for them), round by
+        round (a node whose consumers all went is dead in the next round)."""
         removed = []
+
+        def dead(n: SNode) -> bool:
+            return not any(o and (o in self._consumers or self.is_graph_output(o)) for o in n.outputs)
+
+        candidates = list(self.nodes.values())
         while True:
-            dead = [n for n in self.order() if not any(o and (self.consumers(o) or self.is_graph_output(o))
-                                                       for o in n.outputs)]
-            if not dead:
+            position = self.position()
+            found = sorted({n.name: n for n in candidates if n.name in self.nodes and dead(n)}.values(),
+                           key=lambda n: position[n.name])
+            if not found:
                 return removed
-            for n in dead:
+            candidates = []
+            for n in found:
                 removed += n.origin
                 self.remove(n)
+                candidates += [self._producer[t] for t in n.inputs if t and t in self._producer]
 
     def fresh(self, base: str) -> str:
         name = base
@@ -293,18 +367,42 @@ class SimGraph:
     def add(self, node: SNode) -> SNode:
         assert node.name not in self.nodes, node.name
         self.nodes[node.name] = node
+        self._link(node)
         self.touch()
         return node
 
     def remove(self, node: SNode):
         del self.nodes[node.name]
+        self._unlink(node)
+        self.touch()
+
+    def set_input(self, node: SNode, index: int, tensor: str) -> None:
+        old = node.inputs[index]
+        if old == tensor:
+            return
+        self._note(old, tensor, *node.outputs)
+        if old:
+            self._drop_use(old, node, index)
+        node.inputs[index] = tensor
+        if tensor:
+            self._add_use(tensor, node, index)
+        self.touch()
+
+    def set_output(self, node: SNode, index: int, tensor: str) -> None:
+        old = node.outputs[index]
+        self._note(old, tensor, *node.inputs)
+        if old and self._producer.get(old) is node:
+            del self._producer[old]
+        node.outputs[index] = tensor
+        if tensor:
+            self._producer[tensor] = node
         self.touch()
 
     def replace_uses(self, old: str, new: str, only: list[tuple[SNode, int]] | None = None):
         """Point consumers of tensor `old` (all, or the given edges) at `new`; graph outputs too."""
         edges = self.consumers(old) if only is None else only
         for n, i in edges:
-            n.inputs[i] = new
+            self.set_input(n, i, new)
         if only is None and old in self.outputs:
             self.outputs = [new if o == old else o for o in self.outputs]
         self.touch()

@@ -3,6 +3,8 @@ Q backward and DQ forward over commuting ops to a bounded fixpoint, then cancel 
 DQ -> Q pairs that are left. Every rewrite is a rule of rules/tensorrt/propagation.toml."""
 from __future__ import annotations
 
+import heapq
+
 from .conditions import Ctx, evaluate, op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode, natural_key
 from .rules import SimRuleSet
@@ -23,27 +25,23 @@ def default_bound(g: SimGraph) -> int:
 
 def _fold_constant_ops(g: SimGraph) -> list[str]:
     """Ops whose inputs are all constants (e.g. Transpose of a weight) are folded at build time.
+    One pass in topological order: an op fed by folded ops sees their outputs as constants.
     Returns their names."""
     folded = []
-    changed = True
-    while changed:
-        changed = False
-        for n in g.order():
-            if n.role != OP or not n.inputs or not all(t == "" or g.is_const(t) for t in n.inputs):
+    for n in list(g.order()):
+        if n.role != OP or not n.inputs or not all(t == "" or g.is_const(t) for t in n.inputs):
+            continue
+        weight_of = [w for t in n.inputs if t for w in g.tensors[t].weight_of]
+        for o in n.outputs:
+            if not o:
                 continue
-            weight_of = [w for t in n.inputs if t for w in g.tensors[t].weight_of]
-            for o in n.outputs:
-                if not o:
-                    continue
-                if o not in g.tensors:
-                    g.add_tensor(o)
-                t = g.tensors[o]
-                t.weight_of = weight_of + ([n.name] if weight_of else [])
-                t.folded_from = [n.name]
-            folded += n.origin
-            g.remove(n)
-            changed = True
-            break
+            if o not in g.tensors:
+                g.add_tensor(o)
+            t = g.tensors[o]
+            t.weight_of = weight_of + ([n.name] if weight_of else [])
+            t.folded_from = [n.name]
+        folded += n.origin
+        g.remove(n)
     return folded
 
 
@@ -93,34 +91,33 @@ def fold_weights(g: SimGraph, rules: SimRuleSet, trace: Trace) -> list[str]:
 
 # ---------------------------------------------------------------------------- step 2
 
-def merge_once(g: SimGraph, rules: SimRuleSet, trace: Trace) -> bool:
-    """Merge one group of equal Qs (or DQs) on one tensor; True if something merged."""
+def try_merge(g: SimGraph, rules: SimRuleSet, trace: Trace, node: SNode) -> bool:
+    """Merge the Qs (or DQs) on `node`'s input that have its parameters; True if one merged."""
+    if node.role not in (Q, DQ):
+        return False
     ctx = Ctx(g)
-    for node in g.order():
-        if node.role not in (Q, DQ):
+    for rule in rules.for_action("merge"):
+        if not op_matches(g, rule, node):
             continue
-        for rule in rules.for_action("merge"):
-            if not op_matches(g, rule, node):
-                continue
-            ok, why = evaluate(ctx, rule, node)
-            if not ok:
-                if sum(1 for c, i in g.consumers(node.inputs[0]) if i == 0 and c.role == node.role) > 1:
-                    trace.miss(node.origin, rule.id, why)
-                continue
-            group = [c for c, i in g.consumers(node.inputs[0])
-                     if i == 0 and c.role == node.role and c.qp.same(node.qp)]
-            group.sort(key=lambda n: natural_key(n.name))
-            keep, rest = group[0], group[1:]
-            for other in rest:
-                if g.is_graph_output(other.outputs[0]) and g.is_graph_output(keep.outputs[0]):
-                    continue  # two graph outputs stay two tensors
-                if g.is_graph_output(other.outputs[0]):
-                    keep, other = other, keep
-                g.replace_uses(other.outputs[0], keep.outputs[0])
-                keep.origin += [o for o in other.origin if o not in keep.origin]
-                g.remove(other)
-                trace.fired(rule.id, keep.origin, f"{other.name} merged into {keep.name} on {node.inputs[0]}")
-                return True
+        ok, why = evaluate(ctx, rule, node)
+        if not ok:
+            if sum(1 for c, i in g.consumers(node.inputs[0]) if i == 0 and c.role == node.role) > 1:
+                trace.miss(node.origin, rule.id, why)
+            continue
+        group = [c for c, i in g.consumers(node.inputs[0])
+                 if i == 0 and c.role == node.role and c.qp.same(node.qp)]
+        group.sort(key=lambda n: natural_key(n.name))
+        keep, rest = group[0], group[1:]
+        for other in rest:
+            if g.is_graph_output(other.outputs[0]) and g.is_graph_output(keep.outputs[0]):
+                continue  # two graph outputs stay two tensors
+            if g.is_graph_output(other.outputs[0]):
+                keep, other = other, keep
+            g.replace_uses(other.outputs[0], keep.outputs[0])
+            keep.origin += [o for o in other.origin if o not in keep.origin]
+            g.remove(other)
+            trace.fired(rule.id, keep.origin, f"{other.name} merged into {keep.name} on {node.inputs[0]}")
+            return True
     return False
 
 
@@ -133,26 +130,26 @@ def _new_q_on(g: SimGraph, like: SNode, tensor: str, name: str) -> SNode:
                        list(like.origin)))
 
 
-def q_backward_once(g: SimGraph, rules: SimRuleSet, trace: Trace) -> bool:
+def try_q_backward(g: SimGraph, rules: SimRuleSet, trace: Trace, q: SNode) -> bool:
+    """Move the Q `q` (with its equal siblings) above its producer; True if it moved."""
+    if q.role != Q:
+        return False
+    x = g.producer(q.inputs[0])
+    if x is None or x.role != OP:
+        return False
+    if not any(op_matches(g, r, x) for r in rules.for_action("q_backward")):
+        trace.miss(q.origin, "R5-a", f"no rule moves a Q above {x.name} ({x.op}): it does not commute with Q")
+        return False
     ctx = Ctx(g)
-    for q in g.order():
-        if q.role != Q:
+    for rule in rules.for_action("q_backward"):
+        if not op_matches(g, rule, x):
             continue
-        x = g.producer(q.inputs[0])
-        if x is None or x.role != OP:
+        ok, why = evaluate(ctx, rule, x)
+        if not ok:
+            trace.miss(q.origin + [x.name], rule.id, f"not moved above {x.name} ({x.op}): {why}")
             continue
-        if not any(op_matches(g, r, x) for r in rules.for_action("q_backward")):
-            trace.miss(q.origin, "R5-a", f"no rule moves a Q above {x.name} ({x.op}): it does not commute with Q")
-            continue
-        for rule in rules.for_action("q_backward"):
-            if not op_matches(g, rule, x):
-                continue
-            ok, why = evaluate(ctx, rule, x)
-            if not ok:
-                trace.miss(q.origin + [x.name], rule.id, f"not moved above {x.name} ({x.op}): {why}")
-                continue
-            _move_q_above(g, x, rule.id, trace)
-            return True
+        _move_q_above(g, x, rule.id, trace)
+        return True
     return False
 
 
@@ -190,24 +187,24 @@ def _move_q_above(g: SimGraph, x: SNode, rule_id: str, trace: Trace) -> None:
     trace.fired(rule_id, origin + [x.name], f"{', '.join(q.name for q in same)} moved above {x.name} ({x.op})")
 
 
-def dq_forward_once(g: SimGraph, rules: SimRuleSet, trace: Trace) -> bool:
+def try_dq_forward(g: SimGraph, rules: SimRuleSet, trace: Trace, x: SNode) -> bool:
+    """Move the DQs in front of op `x` below it; True if they moved."""
+    if x.role != OP or x.int8:
+        return False
+    dqs = [g.producer(t) for t in g.data_inputs(x)]
+    dqs = [d for d in dqs if d is not None and d.role == DQ]
+    if not dqs:
+        return False
     ctx = Ctx(g)
-    for x in g.order():
-        if x.role != OP or x.int8:
+    for rule in rules.for_action("dq_forward"):
+        if not op_matches(g, rule, x):
             continue
-        dqs = [g.producer(t) for t in g.data_inputs(x)]
-        dqs = [d for d in dqs if d is not None and d.role == DQ]
-        if not dqs:
+        ok, why = evaluate(ctx, rule, x)
+        if not ok:
+            trace.miss([o for d in dqs for o in d.origin] + [x.name], rule.id, f"not moved below {x.name} ({x.op}): {why}")
             continue
-        for rule in rules.for_action("dq_forward"):
-            if not op_matches(g, rule, x):
-                continue
-            ok, why = evaluate(ctx, rule, x)
-            if not ok:
-                trace.miss([o for d in dqs for o in d.origin] + [x.name], rule.id, f"not moved below {x.name} ({x.op}): {why}")
-                continue
-            _move_dq_below(g, x, dqs, rule.id, trace)
-            return True
+        _move_dq_below(g, x, dqs, rule.id, trace)
+        return True
     return False
 
 
@@ -217,11 +214,10 @@ def _move_dq_below(g: SimGraph, x: SNode, dqs: list[SNode], rule_id: str, trace:
     origin = []
     for d in dqs:
         origin += [o for o in d.origin if o not in origin]
-    for i, t in enumerate(x.inputs):
+    for i, t in enumerate(list(x.inputs)):
         p = g.producer(t) if t else None
         if p is not None and p.role == DQ:
-            x.inputs[i] = p.inputs[0]
-    g.touch()
+            g.set_input(x, i, p.inputs[0])
     sole = len(dqs) == 1 and not g.consumers(first.outputs[0]) and not g.is_graph_output(first.outputs[0])
     for d in dqs:
         if not g.consumers(d.outputs[0]) and not g.is_graph_output(d.outputs[0]):
@@ -229,7 +225,7 @@ def _move_dq_below(g: SimGraph, x: SNode, dqs: list[SNode], rule_id: str, trace:
     used = [o for o in x.outputs if o]
     for k, o in enumerate(used):
         raw = g.add_tensor(g.fresh(f"{o}_int8"), like=o)
-        x.outputs[x.outputs.index(o)] = raw
+        g.set_output(x, x.outputs.index(o), raw)
         name = first.name if sole and len(used) == 1 else g.fresh(f"{first.name}_clone_{k}")
         g.add(SNode(name, first.op, [raw] + first.inputs[1:], [o], dict(first.attrs), DQ, first.qp, list(origin)))
     x.int8, x.moved_by = True, rule_id
@@ -237,17 +233,86 @@ def _move_dq_below(g: SimGraph, x: SNode, dqs: list[SNode], rule_id: str, trace:
     trace.fired(rule_id, origin + [x.name], f"{', '.join(d.name for d in dqs)} moved below {x.name} ({x.op})")
 
 
+# Rewrites in priority order: a merge anywhere before a Q moved anywhere, before a DQ moved.
+_TRIES = (try_merge, try_q_backward, try_dq_forward)
+
+
 def propagate(g: SimGraph, rules: SimRuleSet, trace: Trace, bound: int | None = None) -> int:
     """Merge, move Q backward, move DQ forward, one rewrite at a time, until nothing changes.
-    Returns the number of rewrites; raises FixpointExceeded past `bound` rewrites."""
+    Returns the number of rewrites; raises FixpointExceeded past `bound` rewrites.
+
+    A worklist per kind of rewrite holds the nodes to try, in graph order; a rewrite puts back the
+    nodes within two steps of every tensor it touched (all a rule's conditions look at), so the
+    cost grows with the rewrites, not with graph size times rewrites. The fixpoint is then checked
+    by one sweep over the whole graph, which also leaves every miss reason as the final graph
+    gives it; should the sweep still find a rewrite, the worklists go on from there."""
     bound = default_bound(g) if bound is None else bound
     steps = 0
-    while merge_once(g, rules, trace) or q_backward_once(g, rules, trace) or dq_forward_once(g, rules, trace):
+    position = dict(g.position())
+    queues: list[list] = [[] for _ in _TRIES]
+    queued: list[set] = [set() for _ in _TRIES]
+
+    def push(nodes, at: float) -> None:
+        for n in nodes:
+            p = position.setdefault(n.name, at)
+            for k in range(len(_TRIES)):
+                if n.name not in queued[k]:
+                    queued[k].add(n.name)
+                    heapq.heappush(queues[k], (p, natural_key(n.name), n.name))
+
+    def step(k: int, node: SNode) -> None:
+        nonlocal steps
         steps += 1
         if steps > bound:
             raise FixpointExceeded(f"Q/DQ propagation did not settle within {bound} rewrites "
                                    f"(last: {trace.events[-1].rule} {trace.events[-1].detail})")
-    return steps
+        push(_near(g, g.journal), position.get(node.name, 0))
+        g.journal.clear()
+
+    g.journal = set()
+    try:
+        push(g.order(), 0)
+        while True:
+            for k, try_ in enumerate(_TRIES):
+                fired = None
+                while queues[k] and fired is None:
+                    _, _, name = heapq.heappop(queues[k])
+                    queued[k].discard(name)
+                    node = g.nodes.get(name)
+                    if node is not None and try_(g, rules, trace, node):
+                        fired = node
+                if fired is not None:
+                    step(k, fired)
+                    break
+            else:                       # every worklist is empty: confirm on the whole graph
+                fired = next(((k, n) for k, try_ in enumerate(_TRIES) for n in list(g.order())
+                              if n.name in g.nodes and try_(g, rules, trace, n)), None)
+                if fired is None:
+                    return steps
+                step(*fired)
+    finally:
+        g.journal = None
+
+
+def _near(g: SimGraph, tensors: set[str]) -> list[SNode]:
+    """The nodes within two steps of the given tensors (producers and consumers, then theirs)."""
+    first: dict[str, SNode] = {}
+    for t in tensors:
+        p = g.producer(t)
+        if p is not None:
+            first[p.name] = p
+        for c, _ in g.consumers(t):
+            first[c.name] = c
+    out = dict(first)
+    for n in first.values():
+        for t in n.inputs:
+            p = g.producer(t) if t else None
+            if p is not None:
+                out[p.name] = p
+        for o in n.outputs:
+            for c, _ in (g.consumers(o) if o else ()):
+                out[c.name] = c
+    return list(out.values())
 
 
 # ---------------------------------------------------------------------------- step 4

@@ -57,9 +57,13 @@ class SimRule:
 class SimRuleSet:
     rules: tuple[SimRule, ...]
     by_id: dict = field(default_factory=dict, compare=False)
+    _by_action: dict = field(default_factory=dict, compare=False, repr=False)
 
     def for_action(self, action: str) -> tuple[SimRule, ...]:
-        return tuple(r for r in self.rules if r.action == action)
+        found = self._by_action.get(action)
+        if found is None:
+            found = self._by_action[action] = tuple(r for r in self.rules if r.action == action)
+        return found
 
     def rule(self, action: str) -> SimRule:
         """The one rule of an action that has exactly one (e.g. the reformat fallback)."""

@@ -35,7 +35,7 @@ def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None) -
     folded = fold_weights(g, rules, trace)
     steps = propagate(g, rules, trace, bound)
     eliminated = no_ops + pair_up(g, rules, trace)
-    position = {n.name: i for i, n in enumerate(g.order())}
+    position = g.position()
     fuser = Fuser(g, rules, trace)
     builds = sorted(fuser.run(), key=lambda b: position[b.anchor.name])
     eliminated += [(b.nodes, b.rule, b.inputs, [b.out]) for b in fuser.buffers]
