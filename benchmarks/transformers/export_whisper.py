@@ -23,7 +23,6 @@ which is then exported with the TorchScript-based exporter (dynamo=False). The r
 checked against torch in onnxruntime.
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -141,17 +140,17 @@ def to_hf_state_dict(v, n_enc, n_dec, d):
     return sd
 
 
-def build_modules(torch, hf, heads):
+def build_modules(torch, hf, heads, d_model):
     """Plain-torch Whisper encoder and decoder over the weights of a transformers
     WhisperForConditionalGeneration. Written out so that the exported graph has the textbook
     attention (MatMul, scale Mul, causal mask Add in the decoder, Softmax, MatMul) and no
     transformers mask machinery (which the TorchScript exporter cannot export)."""
     F = torch.nn.functional
+    d, hd = d_model, d_model // heads          # Python ints: the scale is a constant in the graph
 
     def attn(x, kv, p, causal):
-        b, t, d = x.shape
+        b, t = x.shape[0], x.shape[1]
         s = kv.shape[1]
-        hd = d // heads
         q = p.q_proj(x).view(b, t, heads, hd).transpose(1, 2)
         k = p.k_proj(kv).view(b, s, heads, hd).transpose(1, 2)
         v = p.v_proj(kv).view(b, s, heads, hd).transpose(1, 2)
@@ -232,7 +231,7 @@ def main():
     model.tie_weights()
     print(f"Whisper: {n_enc}+{n_dec} layers, d_model {d}, {heads} heads, ffn {ffn}, vocab {vocab}")
 
-    enc, dec = build_modules(torch, model, heads)
+    enc, dec = build_modules(torch, model, heads, d)
     # check the hand-written forward against transformers' own implementation
     rng = np.random.default_rng(0)
     feats = torch.from_numpy(rng.standard_normal((1, n_mels, 3000)).astype(np.float32) * 0.5)
