@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/oracles.py [--oracles DIR] [--details]
 
 For each engine in ../shared/oracles (qdqgraph/trtsim/oracles.py lists them) it builds the Q/DQ
-graph the engine was built from (qdqgraph/models.py), simulates it, reads the engine's layer JSON
+graph the engine was built from (qdqgraph/testing/models.py), simulates it, reads the engine's layer JSON
 and diffs the two (qdqgraph/trtsim/diff.py): layers compared, matched (same fused ONNX nodes, same
 int8/float precision of every input and output), their share, precision and grouping differences,
 standalone Q/DQ reformats on each side, and the share when FP16 and FP32 are told apart too.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qdqgraph.trtsim.oracles import ORACLES, compare, oracles_dir  # noqa: E402
+from qdqgraph.testing.oracles import ORACLES, compare, oracles_dir  # noqa: E402
 
 
 def main(argv=None) -> int:

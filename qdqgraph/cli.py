@@ -149,11 +149,12 @@ def _add_report(sub):
 
 def _run_report(args) -> int:
     from . import io
+    from .placement import load_ruleset
     from .trtsim import diff, lint, read_engine_report, simulate
     loaded = io.load(args.model)
     require_folders(args.json, args.graph)
     sim = simulate(loaded.graph)
-    diagnostics = lint(loaded.graph, sim)
+    diagnostics = lint(loaded.graph, sim, region=load_ruleset().region)
     if args.quiet:
         print(sim.table().splitlines()[-1])
     else:

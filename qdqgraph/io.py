@@ -18,6 +18,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from .errors import QdqError
+from .ops import CONSTANT
 
 # A protobuf cannot exceed 2 GiB; above this many bytes of tensors a model is written with its
 # tensors in a side file. A module constant so that tests can lower it.
@@ -69,7 +70,7 @@ def tensor_bytes(model: onnx.ModelProto) -> int:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             total += declared_bytes(t)
     for n in model.graph.node:
-        if n.op_type == "Constant":
+        if n.op_type == CONSTANT:
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.TENSOR and a.t.data_location != onnx.TensorProto.EXTERNAL:
                     total += declared_bytes(a.t)

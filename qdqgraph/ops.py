@@ -15,6 +15,13 @@ from .rulebook.files import bundled, read_toml
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
 CAST = "Cast"
+CONSTANT = "Constant"
+IDENTITY = "Identity"
+IF = "If"
+MUL = "Mul"
+SLICE = "Slice"
+ABS = "Abs"
+REDUCE_MAX = "ReduceMax"
 
 
 def attr_str(attrs: dict, name: str, default: str) -> str:
@@ -25,6 +32,16 @@ def attr_str(attrs: dict, name: str, default: str) -> str:
 def nearest_resize(attrs: dict) -> bool:
     """Does a node of class `resize` copy input values (mode nearest, the ONNX default)?"""
     return attr_str(attrs, "mode", "nearest") == "nearest"
+
+
+def inference_no_op(is_dropout: bool, training_mode, mask_used: bool) -> bool:
+    """Is a node of the `no_op` op class an identity at inference? `training_mode` is the value of
+    Dropout's third input (None when absent, ... when not a constant)."""
+    if not is_dropout:
+        return True
+    if mask_used:
+        return False
+    return training_mode is None or (training_mode is not ... and not bool(training_mode))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
-from .placement import Plan
+from .placement.plan import Plan
 
 
 @dataclass

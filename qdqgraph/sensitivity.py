@@ -25,8 +25,8 @@ import onnx_graphsurgeon as gs
 from . import io
 from .data import CalibrationData
 from .runtime import graph_session
-from .ops import DEQUANTIZE
-from .placement import Plan
+from .ops import DEQUANTIZE, IDENTITY, IF, QUANTIZE
+from .placement.plan import Plan
 
 
 @dataclass
@@ -70,9 +70,9 @@ def _if(flag: gs.Variable, name: str, then_nodes: list[gs.Node], then_out: gs.Va
     """If(flag) then <then_nodes> else Identity(float_t): only the chosen branch runs."""
     else_out = gs.Variable(f"{out.name}_float", dtype=np.float32)
     then_g = gs.Graph(nodes=then_nodes, inputs=[], outputs=[then_out], name=f"{name}_int8")
-    else_g = gs.Graph(nodes=[gs.Node("Identity", name=f"{name}_id", inputs=[float_t], outputs=[else_out])],
+    else_g = gs.Graph(nodes=[gs.Node(IDENTITY, name=f"{name}_id", inputs=[float_t], outputs=[else_out])],
                       inputs=[], outputs=[else_out], name=f"{name}_float")
-    return gs.Node("If", name=name, inputs=[flag], outputs=[out],
+    return gs.Node(IF, name=name, inputs=[flag], outputs=[out],
                    attrs={"then_branch": then_g, "else_branch": else_g})
 
 
@@ -97,12 +97,12 @@ def switchable(quant_graph: gs.Graph, plan: Plan) -> tuple[gs.Graph, dict[str, s
             q = src.inputs[0] if src.inputs else None
             sel = gs.Variable(f"{t.name}_sel_{k}_{i}", dtype=np.float32, shape=t.shape)
             then_out = gs.Variable(f"{sel.name}_int8", dtype=np.float32)
-            if q is not None and q.op == "QuantizeLinear":
+            if q is not None and q.op == QUANTIZE:
                 float_t = q.inputs[0]
                 q8 = gs.Variable(f"{sel.name}_q", dtype=src.dtype)
-                then_nodes = [gs.Node("QuantizeLinear", name=f"{sel.name}_qn", inputs=[float_t, *q.inputs[1:]],
+                then_nodes = [gs.Node(QUANTIZE, name=f"{sel.name}_qn", inputs=[float_t, *q.inputs[1:]],
                                       outputs=[q8], attrs=dict(q.attrs)),
-                              gs.Node("DequantizeLinear", name=f"{sel.name}_dqn", inputs=[q8, *p.inputs[1:]],
+                              gs.Node(DEQUANTIZE, name=f"{sel.name}_dqn", inputs=[q8, *p.inputs[1:]],
                                       outputs=[then_out], attrs=dict(p.attrs))]
             elif isinstance(src, gs.Constant):   # INT8 weight: both values are constants
                 scale = p.inputs[1].values
@@ -111,7 +111,7 @@ def switchable(quant_graph: gs.Graph, plan: Plan) -> tuple[gs.Graph, dict[str, s
                          for dim in range(src.values.ndim)] if np.ndim(scale) else []
                 deq = (src.values.astype(np.float32) * (scale.reshape(shape) if shape else scale)).astype(np.float32)
                 float_t = gs.Constant(f"{src.name}_float", deq)
-                then_nodes = [gs.Node("DequantizeLinear", name=f"{sel.name}_dqn", inputs=list(p.inputs),
+                then_nodes = [gs.Node(DEQUANTIZE, name=f"{sel.name}_dqn", inputs=list(p.inputs),
                                       outputs=[then_out], attrs=dict(p.attrs))]
             else:
                 continue

@@ -9,7 +9,7 @@ from functools import cached_property
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .ops import Vocabulary, vocabulary
+from .ops import CONSTANT, Vocabulary, vocabulary
 
 
 def is_float_dtype(dtype) -> bool:
@@ -62,7 +62,7 @@ class GraphView:
         if isinstance(tensor, gs.Constant):
             return tensor.values
         p = self.producer(tensor)
-        if p is not None and p.op == "Constant" and "value" in p.attrs and isinstance(p.attrs["value"], gs.Constant):
+        if p is not None and p.op == CONSTANT and "value" in p.attrs and isinstance(p.attrs["value"], gs.Constant):
             return p.attrs["value"].values
         return None
 
@@ -83,9 +83,7 @@ class GraphView:
                 d[name] = t.dtype
         for n in self.nodes:  # toposorted: inputs are known before outputs
             for o in n.outputs:
-                if d.get(o.name) is None and n.op not in ("Cast", "Shape", "Size", "CastLike", "ArgMax",
-                                                          "ArgMin", "NonZero", "Equal", "Less", "Greater",
-                                                          "Not", "And", "Or"):
+                if d.get(o.name) is None and not self.vocab.is_(n, "retypes"):
                     known = [d.get(i.name) for i in n.inputs if d.get(i.name) is not None]
                     if known:
                         d[o.name] = known[0]
@@ -137,6 +135,15 @@ class GraphView:
 
     # ------------------------------------------------------------------ walks
 
+    @cached_property
+    def _named(self) -> "NamedView":
+        return NamedView(self)
+
+    def named(self) -> "NamedView":
+        """This view with tensors named by string, for the walks shared with the simulator
+        (qdqgraph.pointwise)."""
+        return self._named
+
     def through(self, tensor: gs.Tensor, cls: str = "copy") -> list[tuple[gs.Node, int]]:
         """Consumers of `tensor`, looking through ops of class `cls` (data movement by default)."""
         out, stack, seen = [], [tensor], set()
@@ -152,31 +159,103 @@ class GraphView:
                     out.append((n, i))
         return out
 
-    def match_path(self, steps: tuple[str, ...]) -> list[list[gs.Node]]:
-        """Every chain of nodes, each consuming the previous one's output, that fits `steps`
-        ("A|B" alternatives, trailing "?" optional)."""
-        parsed = [(frozenset(s.rstrip("?").split("|")), s.endswith("?")) for s in steps]
-        found = []
+    def path_nodes(self, steps: tuple[str, ...]) -> list[gs.Node]:
+        """The nodes on any chain of nodes, each consuming the previous one's output, that fits
+        `steps` ("A|B" alternatives, a trailing "?" makes a step optional), in graph order.
 
-        def walk(node, k, chain):
-            # try to place `node` at step k, skipping optional steps
-            while k < len(parsed):
+        A node takes the first step, from the one it is offered on, that its op fits, skipping
+        only optional steps; a chain is complete once the steps after its last node are all
+        optional. Computed over (node, step) states, each visited once: linear in the graph size
+        times the number of steps, however many chains there are."""
+        parsed = [(frozenset(s.rstrip("?").split("|")), s.endswith("?")) for s in steps]
+        last = len(parsed)
+        tail_optional = [False] * last          # every step after k is optional
+        ok = True
+        for k in range(last - 1, -1, -1):
+            tail_optional[k] = ok
+            ok = ok and parsed[k][1]
+
+        def place(node, k):
+            """The step `node` takes when offered step k, or None."""
+            while k < last:
                 ops_, optional = parsed[k]
                 if node.op in ops_:
-                    chain = chain + [node]
-                    if k == len(parsed) - 1 or all(opt for _, opt in parsed[k + 1:]):
-                        found.append(chain)
-                    for o in node.outputs:
-                        for c, _ in self.consumers(o):
-                            walk(c, k + 1, chain)
-                    return
+                    return k
                 if not optional:
-                    return
+                    return None
                 k += 1
+            return None
 
+        ids = {id(n): n for n in self.nodes}
+        succ: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        start = []
         for n in self.nodes:
-            walk(n, 0, [])
-        return found
+            k = place(n, 0)
+            if k is not None:
+                start.append((id(n), k))
+        reached, stack = set(start), list(start)
+        while stack:                                  # every state reachable from a start
+            state = stack.pop()
+            node, k = ids[state[0]], state[1]
+            nxt = []
+            for o in node.outputs:
+                for c, _ in self.consumers(o):
+                    j = place(c, k + 1) if id(c) in ids else None
+                    if j is not None:
+                        nxt.append((id(c), j))
+            succ[state] = nxt
+            for s in nxt:
+                if s not in reached:
+                    reached.add(s)
+                    stack.append(s)
+        pred: dict[tuple[int, int], list] = {}
+        for a, nxt in succ.items():
+            for b in nxt:
+                pred.setdefault(b, []).append(a)
+        done = {s for s in reached if tail_optional[s[1]]}   # states where a chain may end
+        stack = list(done)
+        while stack:                                  # states that lead to a complete chain
+            for a in pred.get(stack.pop(), ()):
+                if a not in done:
+                    done.add(a)
+                    stack.append(a)
+        on = {s[0] for s in done}
+        return [n for n in self.nodes if id(n) in on]
+
+
+class NamedView:
+    """A GraphView's structure with tensors named by string (the simulator's convention)."""
+
+    def __init__(self, view: GraphView):
+        self.view = view
+        self._position: dict[str, int] | None = None
+
+    def producer(self, t: str):
+        tensor = self.view.tensors.get(t)
+        return None if tensor is None else self.view.producer(tensor)
+
+    def consumers(self, t: str):
+        tensor = self.view.tensors.get(t)
+        return [] if tensor is None else self.view.consumers(tensor)
+
+    def data_inputs(self, node) -> list[str]:
+        v = self.view
+        return [i.name for i in node.inputs
+                if i.name and not v.is_constant(i) and (v.dtype(i) is None or v.is_float(i))]
+
+    def node_outputs(self, node) -> list[str]:
+        return [o.name for o in node.outputs]
+
+    def is_graph_output(self, t: str) -> bool:
+        return t in self.view.outputs
+
+    def is_pointwise(self, node) -> bool:
+        return self.view.vocab.is_(node, "elementwise") or self.view.vocab.is_(node, "epilogue")
+
+    def position(self) -> dict[str, int]:
+        if self._position is None:
+            self._position = {n.name: k for k, n in enumerate(self.view.nodes)}
+        return self._position
 
 
 def subgraph_reads(node: gs.Node) -> list[str]:

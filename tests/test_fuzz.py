@@ -15,7 +15,7 @@ from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.passes.strip import strip_qdq
 from qdqgraph.pipeline import clean
-from qdqgraph.render import render
+from qdqgraph.testing.render import render
 
 def fuzz(examples: int):
     """Deterministic, bounded hypothesis settings for CI (benchmarks/fuzz.py runs longer)."""

@@ -13,7 +13,7 @@ from qdqgraph.passes.constants import fold_constants
 from qdqgraph.passes.no_ops import remove_no_ops
 from qdqgraph.passes.strip import strip_qdq
 from qdqgraph.pipeline import clean
-from qdqgraph.render import render
+from qdqgraph.testing.render import render
 
 
 def run(model: onnx.ModelProto, feed: dict) -> list:

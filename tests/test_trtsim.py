@@ -244,7 +244,7 @@ def test_random_graphs_settle_within_the_bound_and_do_not_depend_on_node_order(m
 
 
 def test_resnet_report_does_not_depend_on_node_order():
-    from qdqgraph import models
+    from qdqgraph.testing import models
     model = models.resnet18("qat")
     graph = io.load(model).graph
     reference = trtsim.simulate(graph).to_json()

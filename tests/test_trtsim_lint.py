@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+import qdqgraph
 from qdqgraph import trtsim
 from test_trtsim_rules import QG, S1, S2, conv_chain, residual, two_qs
 
@@ -92,10 +93,18 @@ CASES = {
 }
 
 
+REGION = qdqgraph.load_ruleset().region     # QDQ209 reads the P14 rule's share
+
+
+def test_region_findings_need_the_region_rule():
+    (build, _), _ = CASES["QDQ209"]
+    assert [d for d in trtsim.lint(build()) if d.code == "QDQ209"] == []
+
+
 @pytest.mark.parametrize("code", sorted(CASES))
 def test_code_positive(code):
     (build, node), _ = CASES[code]
-    found = [d for d in trtsim.lint(build()) if d.code == code]
+    found = [d for d in trtsim.lint(build(), region=REGION) if d.code == code]
     assert found, f"{code} not reported"
     assert found[0].node == node and found[0].message and found[0].fix
 
@@ -103,7 +112,7 @@ def test_code_positive(code):
 @pytest.mark.parametrize("code", sorted(CASES))
 def test_code_negative(code):
     _, build = CASES[code]
-    assert [d for d in trtsim.lint(build()) if d.code == code] == []
+    assert [d for d in trtsim.lint(build(), region=REGION) if d.code == code] == []
 
 
 def test_quantized_bias_add_after_a_matmul():

@@ -1,5 +1,5 @@
 """The simulator against real TensorRT engines (../shared/oracles): the graphs the engines were
-built from are rebuilt in code (qdqgraph/models.py, no torch), simulated and diffed layer by layer.
+built from are rebuilt in code (qdqgraph/testing/models.py, no torch), simulated and diffed layer by layer.
 Also the engine-report reader (8.4 `Origin: QDQ` and 8.2-era `Scale` forms, names-only files) and
 the diff itself (it must see grouping and precision differences)."""
 import copy
@@ -11,7 +11,7 @@ import pytest
 from qdqgraph import trtsim
 from qdqgraph.errors import QdqError
 from qdqgraph.trtsim.engine_report import parse_engine_info, precision_of, split_name
-from qdqgraph.trtsim.oracles import ORACLES, compare, oracles_dir
+from qdqgraph.testing.oracles import ORACLES, compare, oracles_dir
 
 FOLDER = oracles_dir()
 needs_oracles = pytest.mark.skipif(FOLDER is None, reason="no oracles folder: set QDQGRAPH_SHARED or QDQGRAPH_ORACLES")
@@ -139,7 +139,8 @@ def test_weakening_a_rule_breaks_an_oracle(rule_id, tmp_path):
     f = tmp_path / "weaker.toml"
     f.write_text(f'schema = 1\n[[rule]]\nid = "{rule_id}"\ndoc = "weaker"\nref = "test"\n{body}\n')
     r = result(f"trex/pytorch-resnet18-a100-{placement}")
-    from qdqgraph import io, models
+    from qdqgraph import io
+    from qdqgraph.testing import models
     weaker = trtsim.simulate(io.load(models.resnet18(placement)).graph, rules=trtsim.load_sim_rules([f]))
     d = trtsim.diff(weaker, r.engine)
     assert d.share < 0.95 or len(d.sim_reformats) != len(d.engine_reformats)

@@ -6,8 +6,7 @@ import pytest
 import motifs
 from qdqgraph import trtsim
 from qdqgraph.errors import QdqError
-from qdqgraph.trtsim.conditions import CONDITIONS
-from qdqgraph.trtsim.rules import load_sim_rules, parse_sim_rules
+from qdqgraph.trtsim.rules import load_sim_rules
 
 S1, S2 = 0.05, 0.07        # two different activation scales
 
@@ -433,15 +432,20 @@ def test_shared_scale_concat_has_no_reformat_and_unequal_scales_requantize():
 
 
 def test_rule_file_errors_name_file_line_and_rule(tmp_path):
-    text = 'schema = 1\n\n[[rule]]\nid = "X1"\ndoc = "d"\nref = "r"\naction = "epilogue"\nop = "conv"\nwhen = ["no_such"]\n'
+    f = tmp_path / "x.toml"
+    f.write_text('schema = 1\n\n[[rule]]\nid = "X1"\ndoc = "d"\nref = "r"\naction = "epilogue"\nop = "conv"\n'
+                 'when = ["no_such"]\n')
     with pytest.raises(QdqError, match=r"x.toml:4 rule X1: unknown condition 'no_such'"):
-        parse_sim_rules({"schema": 1, "rule": [{"id": "X1", "doc": "d", "ref": "r", "action": "epilogue",
-                                                 "op": "conv", "when": ["no_such"]}]}, "x.toml", text, CONDITIONS)
-    for bad, words in (({"action": "fly"}, "unknown action"), ({"op": "no_class"}, "unknown op class"),
-                       ({"extra": 1}, "unknown key"), ({"doc": ""}, "missing doc")):
-        body = {"id": "X1", "doc": "d", "ref": "r", "action": "epilogue", "op": "conv", **bad}
+        load_sim_rules([f])
+    for bad, words in (('action = "fly"', "unknown action"), ('op = "no_class"', "unknown op class"),
+                       ("extra = 1", "unknown key"), ('doc = ""', "missing doc"), ("when = \"x\"", "list of strings"),
+                       ("op = 5", "must be a string")):
+        key = bad.split(" ")[0]
+        body = {"id": '"X1"', "doc": '"d"', "ref": '"r"', "action": '"epilogue"', "op": '"conv"'}
+        body[key] = bad.split(" = ", 1)[1]
+        f.write_text("schema = 1\n[[rule]]\n" + "".join(f"{k} = {v}\n" for k, v in body.items()))
         with pytest.raises(QdqError, match=words):
-            parse_sim_rules({"schema": 1, "rule": [body]}, "x.toml", text, CONDITIONS)
+            load_sim_rules([f])
 
 
 def test_user_rule_file_replaces_a_bundled_rule(tmp_path):

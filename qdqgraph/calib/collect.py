@@ -44,6 +44,7 @@ import onnx_graphsurgeon as gs
 from .. import io
 from ..data import CalibrationData
 from ..errors import QdqError
+from ..ops import ABS, CAST, IDENTITY, MUL, REDUCE_MAX, SLICE
 from ..runtime import BlockedOutputs, graph_session, unordered_session
 from .histogram import COMPILED, RangeState, abs_max, finite
 
@@ -131,7 +132,7 @@ def _subsampled(g: gs.Graph, t: gs.Tensor, i: int, stride: int) -> gs.Tensor:
 
     def const(stem, v):
         return gs.Constant(f"qdqgraph_calib_{stem}_{i}", np.array(v, dtype=np.int64))
-    return g.layer(op="Slice", name=f"qdqgraph_calib_subsample_{i}",
+    return g.layer(op=SLICE, name=f"qdqgraph_calib_subsample_{i}",
                    inputs=[t, const("starts", [0, 0]), const("ends", [shape[2], shape[3]]), const("axes", [2, 3]),
                            const("steps", [stride, stride])],
                    outputs=[gs.Variable(f"qdqgraph_calib_subsample_{i}", dtype=np.float32)])[0]
@@ -150,7 +151,7 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
             continue
         t = _subsampled(g, existing[name], i, stride)
         if t.name in inputs:             # a graph input cannot also be a graph output
-            t = g.layer(op="Identity", name=f"qdqgraph_calib_copy_{i}", inputs=[t],
+            t = g.layer(op=IDENTITY, name=f"qdqgraph_calib_copy_{i}", inputs=[t],
                         outputs=[gs.Variable(f"qdqgraph_calib_copy_{i}", dtype=t.dtype)])[0]
         if t not in g.outputs:
             if t.dtype is None:          # after an op shape inference does not know (a custom op);
@@ -169,9 +170,9 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
     probes = []
     for i, name in enumerate(tensors):
         t = _subsampled(g, existing[name], i, stride) if histogram else existing[name]
-        a = g.layer(op="Abs", name=f"qdqgraph_calib_abs_{i}", inputs=[t],
+        a = g.layer(op=ABS, name=f"qdqgraph_calib_abs_{i}", inputs=[t],
                     outputs=[gs.Variable(f"qdqgraph_calib_abs_{i}", dtype=np.float32)])[0]
-        amax = g.layer(op="ReduceMax", name=f"qdqgraph_calib_amax_{i}", inputs=[a], attrs={"keepdims": 0},
+        amax = g.layer(op=REDUCE_MAX, name=f"qdqgraph_calib_amax_{i}", inputs=[a], attrs={"keepdims": 0},
                        outputs=[gs.Variable(f"qdqgraph_calib_amax_{i}", dtype=np.float32, shape=[])])[0]
         g.outputs.append(amax)
         probe = _Probe(name, amax.name)
@@ -180,9 +181,9 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
             g.inputs.append(inv)
             # no clipping: a value past the range means the range grows and the batch is rerun,
             # so indices of a batch that did not fit are never counted
-            scaled = g.layer(op="Mul", name=f"qdqgraph_calib_scale_{i}", inputs=[a, inv],
+            scaled = g.layer(op=MUL, name=f"qdqgraph_calib_scale_{i}", inputs=[a, inv],
                              outputs=[gs.Variable(f"qdqgraph_calib_scaled_{i}", dtype=np.float32)])[0]
-            idx = g.layer(op="Cast", name=f"qdqgraph_calib_index_{i}", inputs=[scaled],
+            idx = g.layer(op=CAST, name=f"qdqgraph_calib_index_{i}", inputs=[scaled],
                           attrs={"to": onnx.TensorProto.INT32},
                           outputs=[gs.Variable(f"qdqgraph_calib_index_{i}", dtype=np.int32)])[0]
             g.outputs.append(idx)

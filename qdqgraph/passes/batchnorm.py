@@ -62,7 +62,7 @@ def _fold_weights(view, op, w, b, scale, shift):
         w = w * w.dtype.type(alpha) * (ws[:, None] if op.attrs.get("transB", 0) else ws[None, :])
         b = np.broadcast_to(b * beta_, scale.shape) if b is not None else 0.0
         return w, b * scale + shift
-    if op.op == "ConvTranspose":
+    if view.vocab.is_(op, "conv_transpose"):
         g = int(op.attrs.get("group", 1))
         cin, kg = w.shape[0], w.shape[1]
         s = ws.reshape(g, 1, kg, *([1] * (w.ndim - 2)))

@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 
 from .. import io
 from ..data import CalibrationData
-from ..placement import Plan
+from ..placement.plan import Plan
 from ..runtime import float_activations
 from ..view import GraphView
 from .insert import quantize_weight, weight_scales
@@ -31,7 +31,7 @@ def _targets(graph: gs.Graph, plan: Plan) -> list[tuple[gs.Node, object]]:
             node = nodes.get(name)
             if node is None or index != 1:
                 continue
-            if view.vocab.is_(node, "conv") and node.op == "Conv":
+            if view.vocab.is_(node, "conv") and not view.vocab.is_(node, "conv_transpose"):
                 out.append((node, site))
             elif (view.vocab.is_(node, "gemm") and node.attrs.get("alpha", 1.0) == 1.0
                   and node.attrs.get("beta", 1.0) == 1.0 and not node.attrs.get("transA", 0)):
@@ -69,7 +69,7 @@ def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray]) ->
         scale = weight_scales(w, site.axis)
         s = scale.reshape([-1 if d == site.axis else 1 for d in range(w.ndim)])
         err = quantize_weight(w, scale, site.axis).astype(np.float64) * s - w.astype(np.float64)
-        if node.op == "Conv":
+        if not view.vocab.is_(node, "gemm"):
             group = int(node.attrs.get("group", 1))
             o, cg = err.shape[0], err.shape[1]
             per_k = err.reshape(o, cg, -1).sum(axis=2)                  # [O, C/g]

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
+from ..ops import CONSTANT
+
 # Do not fold a subgraph whose result exceeds this (an Expand or Tile can blow up a model).
 FOLD_SIZE_LIMIT = 512 << 20
 
@@ -36,5 +38,5 @@ def fold_constants(graph: gs.Graph) -> FoldResult:
     finally:
         log.severity = severity
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    left = [n.name for n in graph.nodes if n.op == "Constant"]
+    left = [n.name for n in graph.nodes if n.op == CONSTANT]
     return FoldResult(before, len(graph.nodes), left)

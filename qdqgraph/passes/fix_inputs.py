@@ -21,7 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..errors import QdqError
-from ..ops import vocabulary
+from ..ops import IDENTITY, vocabulary
 
 
 @dataclass
@@ -112,7 +112,7 @@ def inline_constant_ifs(graph: gs.Graph) -> InlineResult:
             if if_out in graph.outputs:          # keep the model's output name: copy under it
                 keep = gs.Variable(if_out.name, dtype=if_out.dtype, shape=if_out.shape)
                 if_out.name = f"{if_out.name}_if_output"
-                graph.layer(op="Identity", name=f"{node.name}_output_{keep.name}", inputs=[br_out], outputs=[keep])
+                graph.layer(op=IDENTITY, name=f"{node.name}_output_{keep.name}", inputs=[br_out], outputs=[keep])
                 graph.outputs[:] = [keep if o is if_out else o for o in graph.outputs]
         node.inputs.clear()
         node.outputs.clear()

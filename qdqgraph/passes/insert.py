@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 
 from ..calib.methods import safe_scale
 from ..ops import DEQUANTIZE, QUANTIZE
-from ..placement import Plan
+from ..placement.plan import Plan
 from ..view import GraphView
 
 WEIGHT_FORMATS = ("int8", "qdq")

@@ -16,22 +16,13 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
+from ..ops import inference_no_op
 from ..view import GraphView
 
 
 @dataclass
 class NoOpResult:
     removed: list[str] = field(default_factory=list)
-
-
-def inference_no_op(is_dropout: bool, training_mode, mask_used: bool) -> bool:
-    """Is a node of the `no_op` op class an identity at inference? `training_mode` is the value of
-    Dropout's third input (None when absent, ... when not a constant)."""
-    if not is_dropout:
-        return True
-    if mask_used:
-        return False
-    return training_mode is None or (training_mode is not ... and not bool(training_mode))
 
 
 def _removable(view: GraphView, n: gs.Node) -> bool:

@@ -34,7 +34,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..errors import QdqError
-from ..ops import vocabulary
+from ..ops import CAST, vocabulary
 from ..rulebook.files import bundled, read_toml
 from ..view import GraphView
 
@@ -288,7 +288,7 @@ class _Retyper:
             self.result.dq_copies += 1
         if key not in self.casts:
             out = gs.Variable(f"{t.name}_{_short(to)}", dtype=to, shape=t.shape)
-            node = gs.Node("Cast", name=self._fresh(f"{t.name}_to_{_short(to)}"),
+            node = gs.Node(CAST, name=self._fresh(f"{t.name}_to_{_short(to)}"),
                            attrs={"to": onnx.helper.np_dtype_to_tensor_dtype(to)},
                            inputs=[t], outputs=[out])
             self.graph.nodes.append(node)
@@ -312,7 +312,7 @@ class _Retyper:
         name = t.name
         t.name = f"{name}_{_short(self.island)}"
         out = gs.Variable(name, dtype=F32, shape=t.shape)
-        self.graph.nodes.append(gs.Node("Cast", name=self._fresh(f"{name}_to_fp32"), attrs={"to": onnx.TensorProto.FLOAT},
+        self.graph.nodes.append(gs.Node(CAST, name=self._fresh(f"{name}_to_fp32"), attrs={"to": onnx.TensorProto.FLOAT},
                                         inputs=[t], outputs=[out]))
         self.result.casts += 1
         return out

@@ -21,8 +21,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from .. import io
+from ..ops import MUL
 from ..data import CalibrationData
-from ..placement import Plan
+from ..placement.plan import Plan
 from ..runtime import float_activations
 from ..view import GraphView
 
@@ -104,7 +105,7 @@ def smooth(graph: gs.Graph, found: dict[str, list[gs.Node]], ranges: dict[str, n
         x = tensors[name]
         inv = gs.Constant(f"{name}_smooth_scale", (1.0 / s).astype(np.float32))
         xs = gs.Variable(f"{name}_smoothed", dtype=x.dtype, shape=x.shape)
-        graph.nodes.append(gs.Node("Mul", f"{name}_smooth", inputs=[x, inv], outputs=[xs]))
+        graph.nodes.append(gs.Node(MUL, f"{name}_smooth", inputs=[x, inv], outputs=[xs]))
         for n, k, w in weights:
             shaped = s.reshape(-1, 1) if k == 0 else s.reshape(1, -1)
             n.inputs[1] = gs.Constant(f"{n.name or n.outputs[0].name}_weight_smoothed",

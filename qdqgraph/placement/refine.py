@@ -13,7 +13,8 @@ from dataclasses import replace
 import onnx_graphsurgeon as gs
 
 from ..passes.insert import insert_qdq
-from .planner import Plan, Selection, plan_placement
+from .plan import Plan, Selection
+from .planner import plan_placement
 from .ruleset import RegionRule, RuleSet
 from ..trtsim import SimReport, simulate
 from ..trtsim.regions import costly_regions

@@ -1,5 +1,5 @@
 """The TensorRT engines the simulator is measured against (../shared/oracles, see its README): each
-oracle's engine layer JSON and the builder of the graph it was built from (qdqgraph/models.py).
+oracle's engine layer JSON and the builder of the graph it was built from (qdqgraph/testing/models.py).
 tests/test_trtsim_oracles.py asserts on these figures and benchmarks/oracles.py prints them."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import models
-from .diff import Diff, diff
-from .engine_report import EngineReport, read_engine_report
-from .report import SimReport
-from .simulate import simulate
+from ..trtsim.diff import Diff, diff
+from ..trtsim.engine_report import EngineReport, read_engine_report
+from ..trtsim.report import SimReport
+from ..trtsim.simulate import simulate
+from . import models
 
 # oracle file (under the oracles folder, without .graph.json) -> builder of its Q/DQ graph
 ORACLES = {

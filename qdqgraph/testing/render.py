@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..ops import DEQUANTIZE, QUANTIZE
+
 
 def _tensor(t) -> str:
     if isinstance(t, gs.Constant):
@@ -27,4 +29,4 @@ def render(graph: gs.Graph, attrs: tuple[str, ...] = ("axis",)) -> str:
 def scales(graph: gs.Graph) -> dict[str, np.ndarray]:
     """Scale value of every Q/DQ node by node name."""
     return {n.name: n.inputs[1].values for n in graph.nodes
-            if n.op in ("QuantizeLinear", "DequantizeLinear") and isinstance(n.inputs[1], gs.Constant)}
+            if n.op in (QUANTIZE, DEQUANTIZE) and isinstance(n.inputs[1], gs.Constant)}

@@ -8,7 +8,9 @@ ops. A node belongs to one layer; a DQ may be absorbed by several consumers (Ten
 """
 from __future__ import annotations
 
-from .conditions import MAX_REGION, Ctx, LayerBuild, evaluate, op_matches, pointwise_region
+from ..rulebook.match import Context
+from ..pointwise import region_from, region_source
+from .conditions import LayerBuild, evaluate, op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -39,8 +41,8 @@ class Fuser:
         self.buffers: list[LayerBuild] = []          # ops that became no layer (R6-concat-buffer)
         self.candidates = residual_candidates(g, rules)
 
-    def ctx(self, layer=None, tensor=None) -> Ctx:
-        return Ctx(self.g, layer, tensor, self.candidates)
+    def ctx(self, layer=None, tensor=None) -> Context:
+        return Context(self.g, layer=layer, tensor=tensor, candidates=self.candidates)
 
     def first(self, action: str, node: SNode, layer=None, tensor=None, blame: list[str] = ()):
         """The first rule of `action` that holds for `node`; misses are recorded on `blame` nodes
@@ -49,7 +51,8 @@ class Fuser:
         for rule in self.rules.for_action(action):
             if not op_matches(self.g, rule, node):
                 continue
-            ok, why = evaluate(self.ctx(layer, tensor), rule, node)
+            m = evaluate(self.ctx(layer, tensor), rule, node)
+            ok, why = m.ok, m.reason
             if ok:
                 return rule
             self.last_why = why
@@ -128,7 +131,7 @@ class Fuser:
                 self.own(layer, mul, rule.id)
                 layer.out = mul.outputs[0]
             if rule.when and "pointwise_region" in rule.when:
-                nodes, out, _ = pointwise_region(g, t)
+                nodes, out, _ = region_from(g, t)
                 for n in nodes:
                     if n.name not in self.owner:
                         self.own(layer, n, rule.id)
@@ -345,29 +348,6 @@ def residual_candidates(g: SimGraph, rules: SimRuleSet) -> dict[str, str]:
     return out
 
 
-def _region_source(g: SimGraph, t: str) -> str | None:
-    """The tensor x whose pointwise region (F2-pointwise-region) ends in t, else None."""
-    seen, stack, outside = set(), [t], set()
-    while stack:
-        p = g.producer(stack.pop())
-        if p is None or p.name in seen:
-            continue
-        if p.role != OP or not (g.vocab.is_(p, "elementwise") or g.vocab.is_(p, "epilogue")) or len(seen) >= MAX_REGION:
-            return None
-        seen.add(p.name)
-        for d in g.data_inputs(p):
-            q = g.producer(d)
-            if q is not None and q.role == OP and (g.vocab.is_(q, "elementwise") or g.vocab.is_(q, "epilogue")):
-                stack.append(d)
-            else:
-                outside.add(d)
-    if len(outside) != 1:
-        return None
-    x = next(iter(outside))
-    nodes, out, _ = pointwise_region(g, x)
-    return x if out == t and len(nodes) >= 2 else None
-
-
 def _chain_head(g: SimGraph, plain_rules, consumer: SNode, t: str, limit: int = 8) -> SNode | None:
     region_end = False
     for _ in range(limit):
@@ -386,10 +366,10 @@ def _chain_head(g: SimGraph, plain_rules, consumer: SNode, t: str, limit: int = 
         parts = _swish_parts(g, p)
         if parts is not None:
             src, node = parts
-        ok = any(evaluate(Ctx(g, None, src), r, node)[0] for r in plain_rules if op_matches(g, r, node))
+        ok = any(evaluate(Context(g, tensor=src), r, node).ok for r in plain_rules if op_matches(g, r, node))
         region_end = False
         if not ok:
-            x = _region_source(g, t)      # a decomposed activation (HardSwish, GELU) ends here
+            x = region_source(g, t)       # a decomposed activation (HardSwish, GELU) ends here
             if x is None:
                 return None
             src, region_end = x, True

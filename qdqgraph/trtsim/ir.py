@@ -247,6 +247,13 @@ class SimGraph:
         integer shape or index input is not one)."""
         return [t for t in node.inputs if t and not self.is_const(t) and self.carries_data(t)]
 
+    def node_outputs(self, node: SNode) -> list[str]:
+        return node.outputs
+
+    def is_pointwise(self, node: SNode) -> bool:
+        """An ordinary elementwise or activation op (qdqgraph.pointwise)."""
+        return node.role == OP and (self.vocab.is_(node, "elementwise") or self.vocab.is_(node, "epilogue"))
+
     def carries_data(self, tensor: str) -> bool:
         t = self.tensors.get(tensor)
         if t is None or t.dtype is None or self.is_int8(tensor):

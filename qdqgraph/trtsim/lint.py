@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops import vocabulary
 from .ir import DQ, OP, Q, SimGraph, SNode
 from .regions import costly_regions
 from .report import SimReport
@@ -88,16 +89,14 @@ def _scale_check(n: SNode) -> list[Diagnostic]:
     return out
 
 
-def region_diagnostics(report: SimReport) -> list[Diagnostic]:
-    """QDQ209: INT8 regions that hold at most the P14 share of the FLOPs (rules/placement.toml
-    [[region]]) and cost standalone reformats inside the network."""
-    from ..ops import vocabulary
-    from ..placement.ruleset import load_ruleset
-    rule = load_ruleset().region
-    if rule is None or rule.max_flops_share <= 0:
+def region_diagnostics(report: SimReport, region) -> list[Diagnostic]:
+    """QDQ209: INT8 regions that hold at most `region.max_flops_share` of the FLOPs (the P14 rule,
+    rules/placement.toml [[region]]) and cost standalone reformats inside the network."""
+    if region is None or region.max_flops_share <= 0:
         return []
     vocab = vocabulary()
     out = []
+    rule = region
     for r in costly_regions(report, rule.max_flops_share):
         weighted = [n for x in r.layers for n, op in zip(x.nodes, x.ops) if vocab.is_(op, "weighted")]
         weighted = weighted or r.layers[0].nodes[:1]
@@ -109,11 +108,15 @@ def region_diagnostics(report: SimReport) -> list[Diagnostic]:
     return out
 
 
-def lint(model, report: SimReport | None = None) -> list[Diagnostic]:
-    """Diagnostics for a Q/DQ graph (gs.Graph, Loaded, ModelProto or path), in node order, then
-    QDQ209 from the simulation (`report`, or simulated here)."""
+def lint(model, report: SimReport | None = None, region=None) -> list[Diagnostic]:
+    """Diagnostics for a Q/DQ graph (gs.Graph, Loaded, ModelProto or path), in node order; with
+    `region` (the P14 rule: `qdqgraph.load_ruleset().region`), then QDQ209 from the simulation
+    (`report`, or simulated here)."""
     graph = as_graph(model)
-    return _graph_diagnostics(graph) + region_diagnostics(report or simulate(graph))
+    found = _graph_diagnostics(graph)
+    if region is not None:
+        found += region_diagnostics(report or simulate(graph), region)
+    return found
 
 
 def _graph_diagnostics(graph) -> list[Diagnostic]:

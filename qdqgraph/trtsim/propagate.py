@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import heapq
 
-from .conditions import Ctx, evaluate, op_matches
+from ..ops import DEQUANTIZE
+from ..rulebook.match import Context
+from .conditions import evaluate, op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode, natural_key
 from .rules import SimRuleSet
 from .trace import Trace
@@ -49,10 +51,11 @@ def eliminate_no_ops(g: SimGraph, rules: SimRuleSet, trace: Trace) -> list[tuple
     """Step 0: ops that compute nothing at inference go; their consumers read their input.
     Returns the eliminated node groups with the rule that removed them."""
     eliminated = []
-    ctx = Ctx(g)
+    ctx = Context(g)
     for node in [n for n in g.order() if n.role == OP and n.inputs and n.inputs[0]]:
         for rule in rules.for_action("eliminate"):
-            ok, why = evaluate(ctx, rule, node)
+            m = evaluate(ctx, rule, node)
+            ok, why = m.ok, m.reason
             if not ok:
                 if op_matches(g, rule, node):
                     trace.miss(node.origin, rule.id, why)
@@ -68,10 +71,11 @@ def eliminate_no_ops(g: SimGraph, rules: SimRuleSet, trace: Trace) -> list[tuple
 def fold_weights(g: SimGraph, rules: SimRuleSet, trace: Trace) -> list[str]:
     """Step 1: weight Q/DQ become INT8 weights; then ops on constants fold. Returns the folded ops."""
     for dq in [n for n in g.order() if n.role == DQ]:
-        ctx = Ctx(g)
+        ctx = Context(g)
         fired = None
         for rule in rules.for_action("fold_weight"):   # all are evaluated, so each says why it did not fire
-            ok, why = evaluate(ctx, rule, dq)
+            m = evaluate(ctx, rule, dq)
+            ok, why = m.ok, m.reason
             if not ok:
                 trace.miss(dq.origin, rule.id, why)
             elif fired is None:
@@ -95,11 +99,12 @@ def try_merge(g: SimGraph, rules: SimRuleSet, trace: Trace, node: SNode) -> bool
     """Merge the Qs (or DQs) on `node`'s input that have its parameters; True if one merged."""
     if node.role not in (Q, DQ):
         return False
-    ctx = Ctx(g)
+    ctx = Context(g)
     for rule in rules.for_action("merge"):
         if not op_matches(g, rule, node):
             continue
-        ok, why = evaluate(ctx, rule, node)
+        m = evaluate(ctx, rule, node)
+        ok, why = m.ok, m.reason
         if not ok:
             if sum(1 for c, i in g.consumers(node.inputs[0]) if i == 0 and c.role == node.role) > 1:
                 trace.miss(node.origin, rule.id, why)
@@ -140,11 +145,12 @@ def try_q_backward(g: SimGraph, rules: SimRuleSet, trace: Trace, q: SNode) -> bo
     if not any(op_matches(g, r, x) for r in rules.for_action("q_backward")):
         trace.miss(q.origin, "R5-a", f"no rule moves a Q above {x.name} ({x.op}): it does not commute with Q")
         return False
-    ctx = Ctx(g)
+    ctx = Context(g)
     for rule in rules.for_action("q_backward"):
         if not op_matches(g, rule, x):
             continue
-        ok, why = evaluate(ctx, rule, x)
+        m = evaluate(ctx, rule, x)
+        ok, why = m.ok, m.reason
         if not ok:
             trace.miss(q.origin + [x.name], rule.id, f"not moved above {x.name} ({x.op}): {why}")
             continue
@@ -170,7 +176,7 @@ def _move_q_above(g: SimGraph, x: SNode, rule_id: str, trace: Trace) -> None:
     for k, (o, rest) in enumerate(others.items()):
         if rest:
             out = g.add_tensor(g.fresh(f"{o}_dq"), like=o)
-            g.add(SNode(g.fresh(f"{keep.name}_dq_{k}"), "DequantizeLinear", [o] + keep.inputs[1:], [out],
+            g.add(SNode(g.fresh(f"{keep.name}_dq_{k}"), DEQUANTIZE, [o] + keep.inputs[1:], [out],
                         dict(keep.attrs), DQ, keep.qp, [g.fresh(f"{keep.name}_dq_{k}")]))
             g.replace_uses(o, out, only=rest)
     keep.origin = origin
@@ -195,11 +201,12 @@ def try_dq_forward(g: SimGraph, rules: SimRuleSet, trace: Trace, x: SNode) -> bo
     dqs = [d for d in dqs if d is not None and d.role == DQ]
     if not dqs:
         return False
-    ctx = Ctx(g)
+    ctx = Context(g)
     for rule in rules.for_action("dq_forward"):
         if not op_matches(g, rule, x):
             continue
-        ok, why = evaluate(ctx, rule, x)
+        m = evaluate(ctx, rule, x)
+        ok, why = m.ok, m.reason
         if not ok:
             trace.miss([o for d in dqs for o in d.origin] + [x.name], rule.id, f"not moved below {x.name} ({x.op}): {why}")
             continue
@@ -321,14 +328,15 @@ def pair_up(g: SimGraph, rules: SimRuleSet, trace: Trace) -> list[tuple[list[str
     """Cancel DQ(s) -> Q(s); turn DQ(s1) -> Q(s2) into a requantize. Returns the eliminated
     node groups with the rule that removed them."""
     eliminated = []
-    ctx = Ctx(g)
+    ctx = Context(g)
     for q in [n for n in g.order() if n.role == Q]:
         dq = g.producer(q.inputs[0])
         if dq is None or dq.role != DQ:
             continue
         fired = None
         for rule in rules.for_action("cancel") + rules.for_action("requantize"):
-            ok, why = evaluate(ctx, rule, q)
+            m = evaluate(ctx, rule, q)
+            ok, why = m.ok, m.reason
             if not ok:
                 trace.miss(q.origin, rule.id, why)
             elif fired is None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..rulebook.match import Context
+from .conditions import evaluate
+
 
 @dataclass
 class Port:
@@ -95,10 +98,9 @@ class SimReport:
             raise KeyError(f"no simulator rule {rule_id!r}")
         sim = next((n for n in g.nodes.values() if node == n.name or node in n.origin), None)
         if sim is not None:
-            from .conditions import Ctx, evaluate
-            ok, why = evaluate(Ctx(g), rule, sim)
-            if not ok:
-                return False, why
+            m = evaluate(Context(g), rule, sim)
+            if not m:
+                return False, m.reason
         layer = self.layer_of(node)
         if layer is not None:
             return False, f"it is in the {layer.rule} layer {layer.name}"

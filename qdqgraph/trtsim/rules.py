@@ -8,13 +8,15 @@ errors that name the file, the line and the rule id.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import QdqError
 from ..ops import vocabulary
-from ..rulebook.files import bundled_files, read_rule_file
+from ..rulebook.files import bundled_files
+from ..rulebook.loader import Table, TableSpec, load_tables
+from ..rulebook.match import Conditions
+from .conditions import CONDITIONS
 
 # action -> what the code does with a rule of that action (the closed registry of mechanisms)
 ACTIONS = {
@@ -39,7 +41,8 @@ ACTIONS = {
     "float": "any other op runs in the float type of its tensors",
     "reformat": "a Q or DQ that nothing absorbed runs as a standalone Reformat",
 }
-_KEYS = {"id", "doc", "ref", "action", "op", "when"}
+SPECS = {"rule": TableSpec({"action": "str", "op": "str", "when": "str_list"},
+                          required=("id", "doc", "ref", "action", "op"))}
 
 
 @dataclass(frozen=True)
@@ -73,67 +76,26 @@ class SimRuleSet:
         return found[0]
 
 
-def _line_of(text: str, rule_id: str) -> int:
-    for i, line in enumerate(text.splitlines(), 1):
-        if re.search(r'id\s*=\s*"' + re.escape(rule_id) + '"', line):
-            return i
-    return 0
-
-
-def parse_sim_rules(data: dict, source: str, text: str, conditions: dict) -> list[SimRule]:
-    vocab = vocabulary()
-    if data.get("schema") != 1:
-        raise QdqError(f"{source}: expected `schema = 1` at the top", "add it (the rule-file format version)")
-    unknown_tables = set(data) - {"schema", "rule"}
-    if unknown_tables:
-        raise QdqError(f"{source}: unknown table(s) {sorted(unknown_tables)}", "use [[rule]]")
-    out = []
-    for body in data.get("rule", []):
-        rid = body.get("id")
-        where = f"{source}:{_line_of(text, rid) if rid else 0} rule {rid or '(no id)'}"
-        missing = [k for k in ("id", "doc", "ref", "action", "op") if not body.get(k)]
-        if missing:
-            raise QdqError(f"{where}: missing {', '.join(missing)}", "every rule needs id, doc, ref, action and op")
-        unknown = set(body) - _KEYS
-        if unknown:
-            raise QdqError(f"{where}: unknown key(s) {sorted(unknown)}", f"use {sorted(_KEYS)}")
-        if body["action"] not in ACTIONS:
-            raise QdqError(f"{where}: unknown action {body['action']!r}", f"actions: {', '.join(sorted(ACTIONS))}")
-        op = body["op"]
-        if op != "any" and not vocab.known(op):
-            raise QdqError(f"{where}: unknown op class {op!r}", "op classes are in rules/op_classes.toml")
-        when = tuple(body.get("when", ()))
-        for cond in when:
-            name = cond.removeprefix("not ").split(":", 1)[0]
-            if name not in conditions:
-                raise QdqError(f"{where}: unknown condition {name!r}",
-                               f"known conditions: {', '.join(sorted(conditions))}")
-        out.append(SimRule(rid, body["doc"], body["ref"], body["action"], op, when, source))
-    return out
+def sim_rule(t: Table, conditions: Conditions) -> SimRule:
+    """A checked [[rule]] table as a simulator rule: a known action, op class and conditions."""
+    action, op = t.body["action"], t.body["op"]
+    if action not in ACTIONS:
+        raise t.error(f"unknown action {action!r}", f"actions: {', '.join(sorted(ACTIONS))}")
+    if op != "any" and not vocabulary().known(op):
+        raise t.error(f"unknown op class {op!r}", "op classes are in rules/op_classes.toml")
+    when = tuple(t.body.get("when", ()))
+    conditions.check(when, t.where)
+    return SimRule(t.id, t.doc, t.ref, action, op, when, t.source)
 
 
 def rule_files() -> list:
     return bundled_files("tensorrt")
 
 
-def load_sim_rules(extra: list | tuple = (), conditions: dict | None = None) -> SimRuleSet:
+def load_sim_rules(extra: list | tuple = (), conditions: Conditions | None = None) -> SimRuleSet:
     """The bundled rules/tensorrt/*.toml plus users' files; a user rule replaces a bundled one with
     the same id, otherwise comes first within its action."""
-    if conditions is None:
-        from .conditions import CONDITIONS
-        conditions = CONDITIONS
-    seen: dict[str, SimRule] = {}
-    ordered: list[SimRule] = []
-    bundled = {str(f) for f in rule_files()}
-    for f in [Path(p) for p in extra] + rule_files():
-        rf = read_rule_file(f)
-        text = rf.text
-        for r in parse_sim_rules(rf.data, rf.source, text, conditions):
-            if r.id in seen:
-                first = seen[r.id].source
-                if first == r.source or (first in bundled and r.source in bundled):
-                    raise QdqError(f"{f}:{_line_of(text, r.id)}: rule id {r.id} appears twice", "give each rule its own id")
-                continue
-            seen[r.id] = r
-            ordered.append(r)
-    return SimRuleSet(tuple(ordered), dict(seen))
+    bundled = rule_files()
+    tables = load_tables([Path(p) for p in extra] + bundled, SPECS, bundled=len(bundled))
+    rules = tuple(sim_rule(t, conditions or CONDITIONS) for t in tables)
+    return SimRuleSet(rules, {r.id: r for r in rules})

@@ -1,0 +1,355 @@
+"""The conditions placement rules may name in `when` (CONDITIONS, a closed registry).
+
+Each is `cond(ctx, node, arg) -> Match` over a GraphView of the float graph (`ctx.graph`) and the
+plan so far (`ctx.plan`, read by stage-2 rules): `hit(note, **captures)` or `miss(reason)`, the
+reason being the answer to "why was this node not quantized by that rule".
+"""
+from __future__ import annotations
+
+import re
+from collections import deque
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..pointwise import region_source
+from ..rulebook.match import Conditions, hit, miss
+from ..view import GraphView
+
+CONDITIONS = Conditions("placement")
+
+# ONNX attribute defaults that conditions compare against.
+_ATTR_DEFAULTS = {"group": 1, "transA": 0, "transB": 0}
+
+
+def _inp(node: gs.Node, i: int):
+    return node.inputs[i] if i < len(node.inputs) and node.inputs[i].name != "" else None
+
+
+@CONDITIONS.register("op_type")
+def c_op_type(ctx, node, arg):
+    ok = node.op == arg
+    return hit() if ok else miss(f"op is {node.op}, not {arg}")
+
+
+def _float_activation(ctx, t, label):
+    v = ctx.graph
+    if t is None:
+        return miss(f"{label} is missing")
+    if v.is_constant(t):
+        return miss(f"{label} '{t.name}' is a constant")
+    if v.dtype(t) is None:
+        return miss(f"{label} '{t.name}' has no known type (shape inference could not type it)")
+    if not v.is_float(t):
+        return miss(f"{label} '{t.name}' is {np.dtype(v.dtype(t)).name}, not float (integer tensors are never quantized)")
+    if t.name in v.integer_derived and not exact_zero_one(v, t):
+        return miss(f"{label} '{t.name}' is on an integer path (from '{v.integer_derived[t.name]}')")
+    return hit()
+
+
+def exact_zero_one(v: GraphView, t: gs.Tensor) -> bool:
+    """A Cast from bool (a one-hot or mask) holds only 0 and 1, which INT8 represents exactly
+    (amax 1: 1 -> 127): quantizing it loses nothing and lets its consumer run INT8."""
+    p = v.producer(t)
+    if p is None or not v.vocab.is_(p, "cast") or not p.inputs:
+        return False
+    d = v.dtype(p.inputs[0])
+    return d is not None and np.dtype(d) == np.bool_
+
+
+@CONDITIONS.register("float_input")
+def c_float_input(ctx, node, arg):
+    i = int(arg)
+    return _float_activation(ctx, _inp(node, i), f"input {i}")
+
+
+@CONDITIONS.register("all_inputs_float")
+def c_all_inputs_float(ctx, node, arg):
+    for i, t in enumerate(node.inputs):
+        m = _float_activation(ctx, t if t.name else None, f"input {i}")
+        if not m:
+            return m
+    return hit()
+
+
+@CONDITIONS.register("constant_weight")
+def c_constant_weight(ctx, node, arg):
+    i = int(arg)
+    t = _inp(node, i)
+    if t is None:
+        return miss(f"input {i} is missing")
+    val = ctx.graph.constant_value(t)
+    if val is None:
+        return miss(f"input {i} '{t.name}' is not a constant weight")
+    if not np.issubdtype(val.dtype, np.floating):
+        return miss(f"input {i} '{t.name}' is {val.dtype}, not a float weight")
+    return hit()
+
+
+@CONDITIONS.register("weight_rank")
+def c_weight_rank(ctx, node, arg):
+    i, rank = (int(x) for x in arg.split("="))
+    t = _inp(node, i)
+    val = ctx.graph.constant_value(t) if t is not None else None
+    got = None if val is None else val.ndim
+    return hit() if got == rank else miss(f"input {i} has rank {got}, not {rank}")
+
+
+_ATTR = re.compile(r"^(\w+)(=|!=|>|<)(-?\d+)$")
+
+
+@CONDITIONS.register("attr")
+def c_attr(ctx, node, arg):
+    m = _ATTR.match(arg)
+    if not m:
+        raise ValueError(f"bad attr condition {arg!r}")
+    name, op, val = m.group(1), m.group(2), int(m.group(3))
+    got = node.attrs.get(name, _ATTR_DEFAULTS.get(name))
+    ok = {"=": got == val, "!=": got != val, ">": got is not None and got > val,
+          "<": got is not None and got < val}[op]
+    return hit() if ok else miss(f"{name} is {got}, rule needs {name}{op}{val}")
+
+
+@CONDITIONS.register("is_weighted")
+def c_is_weighted(ctx, node, arg):
+    ok = ctx.graph.vocab.is_(node, "weighted")
+    return hit() if ok else miss(f"{node.op} is not a weighted op")
+
+
+@CONDITIONS.register("feeds_graph_output")
+def c_feeds_graph_output(ctx, node, arg):
+    found = [o.name for o in node.outputs if ctx.graph.is_graph_output(o)]
+    return hit(f"its output '{found[0]}' is a graph output") if found else miss("its output is not a graph output")
+
+
+def _static(d):
+    return d if isinstance(d, (int, np.integer)) and d >= 0 else None
+
+
+@CONDITIONS.register("is_gemv")
+def c_is_gemv(ctx, node, arg):
+    """M or N == 1 for MatMul/Gemm (read from the output shape)."""
+    if not (ctx.graph.vocab.is_(node, "gemm") or ctx.graph.vocab.is_(node, "matmul")):
+        return miss("not a GEMM")
+    shape = ctx.graph.shape(node.outputs[0])
+    if not shape:
+        return miss("output shape unknown")
+    n = _static(shape[-1])
+    m = _static(shape[-2]) if len(shape) >= 2 else 1
+    if n == 1 or m == 1:
+        return hit(f"output shape {list(shape)} has M or N == 1 (GEMV)")
+    return miss(f"output shape {list(shape)} is a GEMM")
+
+
+def _is_first_layer(ctx, node):
+    t = node.inputs[0]
+    seen = 0
+    while t is not None and seen < 8:
+        if t.name in ctx.graph.inputs:
+            return True
+        p = ctx.graph.producer(t)
+        if p is None or not ctx.graph.vocab.is_(p, "copy"):
+            return False
+        t, seen = p.inputs[0], seen + 1
+    return False
+
+
+def _is_plain_conv(ctx, node) -> bool:
+    """A Conv (not a ConvTranspose): its weight is [Cout, Cin/g, k...]."""
+    return ctx.graph.vocab.is_(node, "conv") and not ctx.graph.vocab.is_(node, "conv_transpose")
+
+
+@CONDITIONS.register("is_single_output_conv")
+def c_is_single_output_conv(ctx, node, arg):
+    """A Conv with one output channel: implicit GEMM with N == 1, so a GEMV (P10), whose INT8 input
+    would cost a Q for almost no arithmetic (silero-vad's 128 -> 1 decoder head)."""
+    if not _is_plain_conv(ctx, node):
+        return miss("not a Conv")
+    w = ctx.graph.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if w is None or w.ndim < 3:
+        return miss("weight unknown")
+    if int(w.shape[0]) != 1:
+        return miss(f"{int(w.shape[0])} output channels")
+    return hit("1 output channel (a GEMV per position)")
+
+
+@CONDITIONS.register("is_tiny_conv")
+def c_is_tiny_conv(ctx, node, arg):
+    """Convs with < 16 input or output channels, except shapes INT8 kernels handle well (P10)."""
+    if not _is_plain_conv(ctx, node):
+        return miss("not a Conv")
+    w = ctx.graph.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if w is None or w.ndim < 3:
+        return miss("weight unknown")
+    group = node.attrs.get("group", 1)
+    oc, ic = int(w.shape[0]), int(w.shape[1]) * group
+    kernel = tuple(int(k) for k in w.shape[2:])
+    if ic >= 16 and oc >= 16:
+        return miss(f"{ic} in / {oc} out channels")
+    if group == 1:
+        ok = (oc % 8 == 0 or ic % 8 == 0) and len(set(kernel)) == 1 and (_is_first_layer(ctx, node) or max(ic, oc) >= 16)
+    else:
+        ok = oc % 8 == 0 and all(k >= 3 for k in kernel)
+    if ok:
+        return miss(f"{ic} in / {oc} out channels, but the shape suits INT8 kernels")
+    return hit(f"{ic} in / {oc} out channels (< 16), kernel {list(kernel)}, group {group}")
+
+
+def _backbone(ctx, t: gs.Tensor, limit=6):
+    """The Conv at the head of a conv pattern ending in tensor t (Conv[->BN][->Act][->Dropout],
+    bias or constant-scale ops allowed, an activation possibly decomposed into pointwise ops),
+    each tensor on it used once; else None."""
+    v = ctx.graph
+    for _ in range(limit):
+        if len(v.consumers(t)) != 1 or v.is_graph_output(t):
+            return None
+        p = v.producer(t)
+        if p is None:
+            return None
+        if v.vocab.is_(p, "conv"):
+            return p
+        nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
+        passthrough = (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue") or v.vocab.is_(p, "no_op")
+                       or ((v.vocab.is_(p, "add") or v.vocab.is_(p, "mul")) and len(nonconst) == 1))
+        if passthrough and len(nonconst) == 1:
+            t = nonconst[0]
+            continue
+        x = region_source(v.named(), t.name)      # t ends a decomposed activation (F2)
+        if x is None:
+            return None
+        x = v.tensors[x]
+        p = v.producer(x)
+        if p is None:
+            return None
+        if v.vocab.is_(p, "conv"):
+            return p
+        t = x if len(v.consumers(x)) == 1 else None
+        if t is None:       # x feeds the whole region: step over it to its producer's input
+            nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
+            if not (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue")) or len(nonconst) != 1:
+                return None
+            t = nonconst[0]
+    return None
+
+
+def _ancestor_distances(ctx, t: gs.Tensor, limit=4000) -> dict[str, int]:
+    dist, q = {}, deque([(t, 0)])
+    while q and len(dist) < limit:
+        cur, d = q.popleft()
+        p = ctx.graph.producer(cur)
+        if p is None or p.name in dist:
+            continue
+        dist[p.name] = d
+        for i in p.inputs:
+            if i.name and not ctx.graph.is_constant(i):
+                q.append((i, d + 1))
+    return dist
+
+
+@CONDITIONS.register("residual_skip", captures=("skip",))
+def c_residual_skip(ctx, node, arg):
+    """Add(a, b) with a conv pattern on one side: capture the other side (the skip)."""
+    v = ctx.graph
+    live = [(i, t) for i, t in enumerate(node.inputs) if t.name and not v.is_constant(t)]
+    if len(live) != 2:
+        return miss("not an Add of two activations")
+    for i, t in live:
+        m = _float_activation(ctx, t, f"input {i}")
+        if not m:
+            return m
+    (ia, a), (ib, b) = live
+    sa, sb = v.shape(a), v.shape(b)
+    if sa and sb and len(sa) == len(sb) and any(
+            x != y for x, y in zip(sa[1:], sb[1:]) if _static(x) is not None and _static(y) is not None):
+        return miss(f"broadcasting Add {list(sa)} + {list(sb)} does not fuse into a conv epilogue")
+    ba, bb = _backbone(ctx, a), _backbone(ctx, b)
+    if ba is None and bb is None:
+        return miss("neither input comes from a conv pattern (Conv[->BN][->Act]) used only here")
+    if ba is not None and bb is None:
+        return hit(skip=ib)
+    if bb is not None and ba is None:
+        return hit(skip=ia)
+    # Both sides are conv patterns: the branch with more nodes since the nearest common ancestor is
+    # the main branch and stays float; the shorter one (a projection shortcut) is the skip.
+    da, db = _ancestor_distances(ctx, a), _ancestor_distances(ctx, b)
+    common = set(da) & set(db)
+    if not common:
+        return hit(skip=ib)
+    lca = min(common, key=lambda n: (da[n] + db[n], n))
+    return hit(skip=ia if da[lca] < db[lca] else ib)
+
+
+def _gate_source(ctx, t, other: gs.Tensor, limit=10):
+    """Walk back from a gate tensor: 'se' if it reaches a global pooling, 'self' if it reaches
+    `other` (x * sigmoid(x)), else None."""
+    v = ctx.graph
+    for _ in range(limit):
+        if t is other:
+            return "self"
+        p = v.producer(t)
+        if p is None:
+            return None
+        if v.vocab.is_(p, "avg_pool") or v.vocab.is_(p, "reduce_mean"):
+            return "se"
+        nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
+        if not nonconst:
+            return None
+        t = nonconst[0]
+    return None
+
+
+@CONDITIONS.register("se_gate_mul")
+def c_se_gate_mul(ctx, node, arg):
+    v = ctx.graph
+    live = [t for t in node.inputs if t.name and not v.is_constant(t)]
+    if len(live) != 2:
+        return miss("not a Mul of two activations")
+    for i, t in enumerate(live):
+        m = _float_activation(ctx, t, f"input {i}")
+        if not m:
+            return m
+    for gate, other in ((live[1], live[0]), (live[0], live[1])):
+        p = v.producer(gate)
+        if p is not None and v.vocab.is_(p, "gate"):
+            src = _gate_source(ctx, p.inputs[0], other)
+            if src == "se":
+                return hit()
+            if src == "self":
+                return miss("x * gate(x) (SiLU/Swish) fuses into the conv epilogue unquantized")
+    return miss("no input is a squeeze-excite gate (Sigmoid/HardSigmoid of a pooled branch)")
+
+
+@CONDITIONS.register("se_gate_int8")
+def c_se_gate_int8(ctx, node, arg):
+    """Stage 2: the conv that computes the SE gate (before its activation and bias Add) is INT8, so a
+    Q on the gate fuses into that conv's epilogue; after a float conv it would be a standalone reformat."""
+    v = ctx.graph
+    for gate in [t for t in node.inputs if t.name and not v.is_constant(t)]:
+        p = v.producer(gate)
+        if p is None or not v.vocab.is_(p, "gate"):
+            continue
+        t = p.inputs[0]
+        for _ in range(4):
+            q = v.producer(t)
+            if q is None:
+                break
+            if v.vocab.is_(q, "weighted"):
+                d = ctx.plan.decisions.get(q.name)
+                if d is not None and d.quantized:
+                    return hit()
+                return miss(f"the gate's conv {q.name} runs in float, so a Q on the gate would be a "
+                               "standalone reformat (F6)")
+            live = [i for i in q.inputs if i.name and not v.is_constant(i)]
+            if len(live) != 1 or not (v.vocab.is_(q, "epilogue") or v.vocab.is_(q, "batchnorm")
+                                      or v.vocab.is_(q, "elementwise")):
+                break
+            t = live[0]
+    return miss("no conv found behind the gate")
+
+
+@CONDITIONS.register("output_quantized")
+def c_output_quantized(ctx, node, arg):
+    for c, i in ctx.graph.through(node.outputs[0]):
+        if ctx.plan.is_quantized_edge((c.name, i)):
+            return hit()
+    return miss("its output feeds no quantized consumer: without a Q after it, it would run in float (F4)")

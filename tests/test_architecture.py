@@ -1,0 +1,117 @@
+"""The shape of the package, checked: no import cycle, op types compared only in ops.py, and the
+testing helpers kept out of the tool."""
+import ast
+from pathlib import Path
+
+import onnx
+
+PACKAGE = Path(__file__).resolve().parents[1] / "qdqgraph"
+ONNX_OPS = {s.name for s in onnx.defs.get_all_schemas_with_history()}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        parts = list(p.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = p
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The qdqgraph modules `name` imports, at module level or inside functions alike (an import
+    moved into a function to dodge a cycle is still an edge). Importing a.b.c also runs the
+    package a.b, unless the importer lives inside it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            if not t.startswith("qdqgraph"):
+                continue
+            parts = t.split(".")
+            for k in range(2, len(parts) + 1):      # the module and the packages on the way
+                m = ".".join(parts[:k])
+                if m in known and not name.startswith(m + ".") and m != name:
+                    found.add(m)
+    return found
+
+
+def test_no_import_cycle():
+    mods = modules()
+    graph = {name: imports(name, path, set(mods)) for name, path in mods.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_cycle_check_sees_function_level_imports(tmp_path):
+    a = tmp_path / "a.py"
+    a.write_text("def f():\n    from qdqgraph.b import x\n")
+    assert imports("qdqgraph.a", a, {"qdqgraph.a", "qdqgraph.b"}) == {"qdqgraph.b"}
+
+
+def _op_type_comparisons(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, op type) of every quoted ONNX op type in a comparison (==, !=, in, not in),
+    directly or in a tuple/list/set operand."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        for operand in [node.left, *node.comparators]:
+            values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            for v in values:
+                if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value in ONNX_OPS:
+                    found.append((node.lineno, v.value))
+    return found
+
+
+def test_op_types_are_compared_only_in_the_vocabulary():
+    """ops.py is the one place op-type strings are compared; elsewhere code asks the op classes of
+    rules/op_classes.toml (vocab.is_(node, "conv")) or uses the constants of ops.py."""
+    bad = []
+    for name, path in modules().items():
+        if name == "qdqgraph.ops":
+            continue
+        bad += [f"{path.relative_to(PACKAGE.parent)}:{line} compares {op!r}"
+                for line, op in _op_type_comparisons(ast.parse(path.read_text()))]
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_op_type_check_finds_a_comparison():
+    tree = ast.parse('if node.op == "Conv" or n.op in ("Relu", "Sigmoid") or x == "not an op":\n    pass\n')
+    assert [op for _, op in _op_type_comparisons(tree)] == ["Conv", "Relu", "Sigmoid"]
+
+
+def test_the_tool_does_not_import_its_testing_helpers():
+    mods = modules()
+    for name, path in mods.items():
+        if name.startswith("qdqgraph.testing"):
+            continue
+        assert not any(m.startswith("qdqgraph.testing") for m in imports(name, path, set(mods))), name
