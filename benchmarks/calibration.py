@@ -85,19 +85,19 @@ elif tool == "plain-lanes":        # two batches at once, each run on half the c
     loop = time.perf_counter() - t
     seconds = time.perf_counter() - t0
 elif tool.startswith("qdq-"):
-    from qdqgraph.pipeline import calibrate, prepare
-    from qdqgraph.report import InsertReport
+    from qdqgraph import QuantizeConfig
+    from qdqgraph.calibration import calibrate_plan
+    from qdqgraph.prepare import prepare, read_data
     method, _, variant = tool[4:].partition("+")
     if variant == "nokernel":      # bin inside onnxruntime and count with numpy, as without a C compiler
         import qdqgraph.calib.collect
         qdqgraph.calib.collect.COMPILED = False
     t = time.perf_counter()
-    loaded, plan = prepare(model)
-    rep = InsertReport()
-    amax = calibrate(loaded, plan, str(folder), method, batch_size=batch, report=rep,
-                     lanes=1 if variant == "1lane" else None)
+    config = QuantizeConfig(method=method, batch_size=batch, lanes=1 if variant == "1lane" else None)
+    loaded, plan = prepare(model, config)
+    cal = calibrate_plan(loaded, plan, read_data(loaded, str(folder), config), config)
     seconds = time.perf_counter() - t
-    loop = rep.calibration_seconds
+    loop = cal.seconds
 elif tool.startswith("ort-"):
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     class Reader(CalibrationDataReader):

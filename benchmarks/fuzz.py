@@ -36,7 +36,7 @@ from qdqgraph import io, trtsim  # noqa: E402
 from qdqgraph.cli import main as cli  # noqa: E402
 from qdqgraph.errors import QdqError  # noqa: E402
 from qdqgraph.passes.strip import strip_qdq  # noqa: E402
-from qdqgraph.pipeline import clean  # noqa: E402
+from qdqgraph.prepare import clean  # noqa: E402
 from qdqgraph.testing.render import render  # noqa: E402
 
 

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import qdqgraph  # noqa: E402
 from qdqgraph import io  # noqa: E402
 from qdqgraph.data import CalibrationData  # noqa: E402
-from qdqgraph.pipeline import model_inputs  # noqa: E402
+from qdqgraph.prepare import model_inputs  # noqa: E402
 from qdqgraph.runtime import session  # noqa: E402
 from qdqgraph.sensitivity import measure  # noqa: E402
 

@@ -16,9 +16,12 @@ from .passes.check import qdq_violations  # noqa: E402
 from .passes.constants import fold_constants  # noqa: E402
 from .passes.insert import insert_qdq  # noqa: E402
 from .passes.strip import strip_qdq  # noqa: E402
-from .pipeline import quantize  # noqa: E402
+from .calibration import Calibration, calibrate, merge_calibrations  # noqa: E402
+from .config import QuantizeConfig  # noqa: E402
+from .pipeline import Result, quantize  # noqa: E402
 from .placement import Selection, plan_placement  # noqa: E402
 from .placement import load_ruleset  # noqa: E402
 
 __all__ = ["QdqError", "load", "save", "to_model", "fold_batchnorm", "fold_constants", "plan_placement",
-           "insert_qdq", "strip_qdq", "qdq_violations", "quantize", "Selection", "load_ruleset"]
+           "insert_qdq", "strip_qdq", "qdq_violations", "quantize", "Result", "QuantizeConfig", "calibrate",
+           "Calibration", "merge_calibrations", "Selection", "load_ruleset"]

@@ -249,6 +249,7 @@ def _output_path(args, suffix_default) -> Path:
 
 def _run_insert(args) -> int:
     from . import io
+    from .config import QuantizeConfig
     from .pipeline import default_output, quantize
     out = _output_path(args, default_output)
     if args.report:
@@ -269,15 +270,16 @@ def _run_insert(args) -> int:
         _check_paths(out, Path(args.engine), args.layer_info, args.force)
         import_tensorrt()
     progress = _progress(args)
-    result = quantize(args.model, args.calib, method=args.method, rules=args.rules,
-                      exclude_ops=args.exclude_op, exclude_nodes=args.exclude_node,
-                      include_nodes=args.include_node, weights=args.weights, batch_size=args.batch_size,
-                      samples=args.samples, providers=_providers(args.providers, args.custom_op_library), percentile=args.percentile,
-                      calib_cache=args.calib_cache, accuracy_budget=args.accuracy_budget,
-                      max_float_layers=args.max_float_layers, sensitivity_samples=args.sensitivity_samples,
-                      preprocess=args.preprocess, high_precision=args.high_precision,
-                      bias_correction=args.bias_correction, smooth_quant=args.smooth_quant,
-                      fixed_inputs=_fixed_inputs(args.fix_input), lanes=args.lanes, progress=progress)
+    config = QuantizeConfig(method=args.method, percentile=args.percentile, batch_size=args.batch_size,
+                            samples=args.samples, lanes=args.lanes, preprocess=args.preprocess,
+                            providers=_providers(args.providers, args.custom_op_library),
+                            rules=args.rules, exclude_ops=args.exclude_op, exclude_nodes=args.exclude_node,
+                            include_nodes=args.include_node, fixed_inputs=_fixed_inputs(args.fix_input),
+                            weights=args.weights, high_precision=args.high_precision,
+                            bias_correction=args.bias_correction, smooth_quant=args.smooth_quant,
+                            accuracy_budget=args.accuracy_budget, max_float_layers=args.max_float_layers,
+                            sensitivity_samples=args.sensitivity_samples)
+    result = quantize(args.model, args.calib, config=config, calib_cache=args.calib_cache, progress=progress)
     if progress is not None:
         progress.close()
     written = io.save(result.model, out, protect=(Path(args.model),))
@@ -292,10 +294,10 @@ def _run_insert(args) -> int:
                           preprocess=args.preprocess).table())
     if args.engine:
         from .cli_build import build_and_diff
-        from .pipeline import calibration_data
+        from .prepare import read_data
         loaded = io.load(written[0])
         loaded.fixed_inputs = tuple(_fixed_inputs(args.fix_input))   # the written model lacks them
-        data = (calibration_data(loaded, args.calib, preprocess=args.preprocess)
+        data = (read_data(loaded, args.calib, QuantizeConfig(preprocess=args.preprocess))
                 if args.calib and args.calib != "random" else None)
         build_and_diff(written[0], Path(args.engine), args, loaded, data)
     return 0
@@ -311,19 +313,9 @@ def _parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _write_cache(path: Path, amax_by_group: dict, groups: dict, fmt: str, method: str, samples: int) -> None:
-    from .calib import cache
-    per_tensor = {t: amax_by_group[rep] for rep, members in groups.items() for t in members}
-    if fmt == "tensorrt":
-        algo = "EntropyCalibration2" if method == "entropy" else "MinMaxCalibration"
-        cache.write_tensorrt(path, per_tensor, algo=algo)
-    else:
-        cache.write_json(path, per_tensor, method, samples)
-
-
 def _run_calibrate(args) -> int:
-    from .calib.states import merge_state_files, save_states
-    from .pipeline import amax_from_states, calibrate, model_id, prepare
+    from .calibration import calibrate, merge_calibrations
+    from .config import QuantizeConfig
     out = Path(args.output)
     if out.exists() and not args.force:
         raise QdqError(f"{out} exists", "pass --force to overwrite it, or choose another output with -o")
@@ -332,15 +324,10 @@ def _run_calibrate(args) -> int:
     if args.merge:
         if args.shard or args.calib:
             raise QdqError("--merge combines saved shards; it takes no --calib or --shard", "drop them")
-        doc = merge_state_files(args.merge)
-        fmt = args.format or "json"
-        if fmt == "state":
-            save_states(out, doc["states"], doc["groups"], doc["samples"], doc["model"])
-        else:
-            amax = amax_from_states(doc["states"], args.method, args.percentile)
-            _write_cache(out, amax, doc["groups"], fmt, args.method, doc["samples"])
+        cal = merge_calibrations(args.merge, args.method, args.percentile)
+        cal.save(out, args.format or "json")
         if not args.quiet:
-            print(f"merged {len(args.merge)} shards ({doc['samples']} samples, {len(doc['groups'])} scale groups); wrote {out}")
+            print(f"merged {len(args.merge)} shards ({cal.samples} samples, {len(cal.groups)} scale groups); wrote {out}")
         return 0
     if not args.model:
         raise QdqError("no model given", "pass MODEL.onnx (or --merge STATE...)")
@@ -351,32 +338,21 @@ def _run_calibrate(args) -> int:
     fmt = args.format or ("state" if shard else "json")
     if shard and fmt != "state":
         raise QdqError("--shard writes calibration state, to be merged", "drop --format, or use --format state")
-    loaded, plan = prepare(args.model, rules=args.rules, exclude_ops=args.exclude_op,
-                           exclude_nodes=args.exclude_node, include_nodes=args.include_node,
-                           fixed_inputs=_fixed_inputs(args.fix_input))
-    groups = plan.groups()
+    config = QuantizeConfig(method=args.method, percentile=args.percentile, batch_size=args.batch_size,
+                            samples=args.samples, lanes=args.lanes, preprocess=args.preprocess,
+                            providers=_providers(args.providers, args.custom_op_library), rules=args.rules,
+                            exclude_ops=args.exclude_op, exclude_nodes=args.exclude_node,
+                            include_nodes=args.include_node, fixed_inputs=_fixed_inputs(args.fix_input))
     progress = _progress(args)
     try:
-        if fmt == "state":
-            got = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
-                            _providers(args.providers, args.custom_op_library), shard=shard, keep_states=True, progress=progress,
-                            preprocess=args.preprocess, lanes=args.lanes)
-            save_states(out, got.states, groups, got.samples, model_id(args.model),
-                        shard=args.shard)
-            samples, seconds = got.samples, got.seconds
-        else:
-            from .report import InsertReport
-            rep = InsertReport()
-            amax = calibrate(loaded, plan, args.calib, args.method, args.batch_size, args.samples,
-                             _providers(args.providers, args.custom_op_library), args.percentile, report=rep, progress=progress,
-                             preprocess=args.preprocess, lanes=args.lanes)
-            _write_cache(out, amax, groups, fmt, args.method, rep.samples)
-            samples, seconds = rep.samples, rep.calibration_seconds
+        cal = calibrate(args.model, args.calib, config=config, shard=shard, keep_states=fmt == "state",
+                        progress=progress)
     finally:
         if progress is not None:
             progress.close()
+    cal.save(out, fmt)
     if not args.quiet:
-        print(f"calibrated {len(groups)} scale groups over {samples} samples in {seconds:.1f} s; wrote {out}")
+        print(f"calibrated {len(cal.groups)} scale groups over {cal.samples} samples in {cal.seconds:.1f} s; wrote {out}")
     return 0
 
 

@@ -55,7 +55,7 @@ def _check_paths(model: Path, plan: Path, layer_info, force: bool) -> None:
 
 
 def engine_profiles(args, loaded, data=None):
-    from .pipeline import model_inputs
+    from .prepare import model_inputs
     from .profiles import profiles
     return profiles(model_inputs(loaded.graph), data, args.shapes, args.min_shapes, args.opt_shapes,
                     args.max_shapes, args.max_batch)
@@ -80,11 +80,12 @@ def build_and_diff(model_path: Path, plan: Path, args, loaded, data=None) -> Non
 
 def run_build(args) -> int:
     from . import engine, io
-    from .pipeline import calibration_data
+    from .config import QuantizeConfig
+    from .prepare import read_data
     model, plan = Path(args.model), Path(args.output)
     _check_paths(model, plan, args.layer_info, args.force)
     loaded = io.load(model)
-    data = calibration_data(loaded, args.calib) if args.calib else None
+    data = read_data(loaded, args.calib, QuantizeConfig()) if args.calib else None
     engine_profiles(args, loaded, data)      # shape errors before the TensorRT check
     engine.import_tensorrt()
     build_and_diff(model, plan, args, loaded, data)

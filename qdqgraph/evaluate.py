@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 from . import io
 from .data import CalibrationData
 from .ops import DEQUANTIZE, QUANTIZE
-from .pipeline import model_inputs
+from .prepare import model_inputs
 from .runtime import graph_session
 
 

@@ -211,11 +211,13 @@ def infer_shapes(model: onnx.ModelProto, inplace: bool = False) -> onnx.ModelPro
         return onnx.load(str(dst))
 
 
-def load(path_or_model: str | os.PathLike | onnx.ModelProto) -> Loaded:
-    """Load a model (path or ModelProto) into a graphsurgeon graph, opset raised to 13, shapes inferred."""
+def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True) -> Loaded:
+    """Load a model (path or ModelProto) into a graphsurgeon graph, opset raised to 13, shapes
+    inferred. `check=False` skips the ONNX checker on a ModelProto qdqgraph made itself."""
     if isinstance(path_or_model, onnx.ModelProto):
         model, path = path_or_model, None
-        validate(model)
+        if check:
+            validate(model)
     else:
         path = Path(path_or_model)
         model = read_model(path)

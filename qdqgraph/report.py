@@ -1,10 +1,18 @@
-"""What an `insert` run did, as data (JSON) and as the summary the CLI prints."""
+"""What an `insert` run did, as data (JSON) and as the summary the CLI prints.
+
+The report is built from what the stages hand it: every pass's PassResult (in `passes`), the
+plan's decisions and sites, the calibration's sample count, the fallback, the simulator's summary,
+and the seconds each stage took (`stages`). The summary's numbers are read from those.
+"""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from .passes.base import PassResult
 from .placement.plan import Plan
 
 
@@ -12,30 +20,42 @@ from .placement.plan import Plan
 class InsertReport:
     input: str | None = None
     output: str | None = None
+    config: dict = field(default_factory=dict)
     method: str = "percentile"
     samples: int = 0
     calibration_seconds: float = 0.0
     opset_raised_from: int | None = None
-    no_ops_removed: int = 0
-    fixed_inputs: dict[str, object] = field(default_factory=dict)
-    ifs_inlined: list[str] = field(default_factory=list)
-    smoothed: dict[str, list[str]] = field(default_factory=dict)
-    constants_folded: int = 0
-    batchnorm_folded: int = 0
-    batchnorm_kept: list[dict] = field(default_factory=list)
+    passes: list[PassResult] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)    # seconds per stage, in run order
     activation_sites: int = 0
     weight_sites: int = 0
     ops: dict[str, dict[str, int]] = field(default_factory=dict)
     skipped: list[dict] = field(default_factory=list)
     sites: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)            # why little or nothing was quantized
     fallback: dict | None = None
     tensorrt: dict | None = None      # the simulator's summary of the written model
-    precision: dict | None = None     # the float islands' type and what stayed float32
-    bias_corrected: int = 0           # weighted ops whose bias absorbed the weight-quantization shift
+
+    # ------------------------------------------------------------------ filled by the stages
+
+    @contextmanager
+    def stage(self, name: str):
+        """Time a stage (a stage run twice adds up)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
+
+    def add(self, results: list[PassResult]) -> None:
+        for r in results:
+            self.passes.append(r)
+            self.warnings.extend(r.warnings)
 
     def fill_from_plan(self, plan: Plan, amax: dict[str, float] | None = None) -> None:
         counts: dict[str, Counter] = defaultdict(Counter)
+        self.skipped = []
         for d in plan.decisions.values():
             counts[d.op]["quantized" if d.quantized else "skipped"] += 1
             if not d.quantized:
@@ -43,6 +63,7 @@ class InsertReport:
         self.ops = {op: {"quantized": c["quantized"], "skipped": c["skipped"]} for op, c in sorted(counts.items())}
         self.activation_sites = len(plan.activation_sites())
         self.weight_sites = len(plan.weight_sites())
+        self.sites = []
         for s in sorted(plan.sites.values(), key=lambda s: s.tensor):
             entry = {"tensor": s.tensor, "kind": s.kind, "rule": s.rule, "consumers": [e[0] for e in s.edges]}
             if s.kind == "weight":
@@ -54,8 +75,71 @@ class InsertReport:
             self.sites.append(entry)
         self.warnings.extend(plan.notes)
 
+    # ------------------------------------------------------------------ read from the passes
+
+    def _passes(self, name: str) -> list[PassResult]:
+        return [p for p in self.passes if p.name == name]
+
+    def _last(self, name: str) -> PassResult | None:
+        found = self._passes(name)
+        return found[-1] if found else None
+
+    @property
+    def no_ops_removed(self) -> int:
+        return sum(p.count("removed") for p in self._passes("remove_no_ops"))
+
+    @property
+    def constants_folded(self) -> int:
+        return sum(p.count("folded") for p in self._passes("fold_constants"))
+
+    @property
+    def ifs_inlined(self) -> list[str]:
+        return [n for p in self._passes("inline_constant_ifs") for n in p["inlined"]]
+
+    @property
+    def batchnorm_folded(self) -> int:
+        return sum(p.count("folded") for p in self._passes("fold_batchnorm"))
+
+    @property
+    def batchnorm_kept(self) -> list[dict]:
+        return [{"node": n, "reason": r} for p in self._passes("fold_batchnorm") for n, r in p["kept"]]
+
+    @property
+    def fixed_inputs(self) -> dict:
+        p = self._last("fix_inputs")
+        return dict(p["fixed"]) if p else {}
+
+    @property
+    def smoothed(self) -> dict[str, list[str]]:
+        p = self._last("smooth")
+        return dict(p["smoothed"]) if p else {}
+
+    @property
+    def bias_corrected(self) -> int:
+        p = self._last("bias_correction")
+        return p.count("corrected") if p else 0
+
+    @property
+    def precision(self) -> dict | None:
+        p = self._last("float_islands")
+        if p is None:
+            return None
+        return {"high_precision": p["dtype"], "retyped_tensors": p["retyped"], "casts": p["casts"],
+                "dq_copies": p["dq_copies"], "kept_fp32": [{"node": n, "rule": r} for n, r in p["kept"]]}
+
+    # ------------------------------------------------------------------ output
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["passes"] = [p.to_dict() for p in self.passes]
+        out["stages"] = {k: round(v, 4) for k, v in self.stages.items()}
+        for name in ("no_ops_removed", "constants_folded", "ifs_inlined", "batchnorm_folded", "batchnorm_kept",
+                     "fixed_inputs", "smoothed", "bias_corrected", "precision"):
+            out[name] = getattr(self, name)
+        return out
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, default=float)
+        return json.dumps(self.to_dict(), indent=1, default=_jsonable)
 
     def summary(self, max_examples: int = 3) -> str:
         lines = []
@@ -64,20 +148,23 @@ class InsertReport:
         if self.fixed_inputs:
             fixed = ", ".join(f"{k}={v}" for k, v in self.fixed_inputs.items())
             lines.append(f"fixed inputs: {fixed} (the written model no longer has them)")
-        if self.ifs_inlined:
-            lines.append(f"inlined: {len(self.ifs_inlined)} If node(s) with a constant condition "
-                         f"({', '.join(self.ifs_inlined[:max_examples])}{', ...' if len(self.ifs_inlined) > max_examples else ''})")
+        inlined = self.ifs_inlined
+        if inlined:
+            lines.append(f"inlined: {len(inlined)} If node(s) with a constant condition "
+                         f"({', '.join(inlined[:max_examples])}{', ...' if len(inlined) > max_examples else ''})")
         removed = f"{self.no_ops_removed} Identity/Dropout removed, " if self.no_ops_removed else ""
+        kept = self.batchnorm_kept
         lines.append(f"cleaned: {removed}{self.constants_folded} constant nodes folded, "
-                     f"{self.batchnorm_folded} BatchNormalization folded, {len(self.batchnorm_kept)} kept")
-        for bn in self.batchnorm_kept[:max_examples]:
+                     f"{self.batchnorm_folded} BatchNormalization folded, {len(kept)} kept")
+        for bn in kept[:max_examples]:
             lines.append(f"  kept {bn['node']}: {bn['reason']}")
         if self.samples:
             lines.append(f"calibrated: {self.method} over {self.samples} samples in {self.calibration_seconds:.1f} s")
         lines.append(f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ")
-        if self.smoothed:
-            nodes = sum(len(v) for v in self.smoothed.values())
-            lines.append(f"smoothing: {len(self.smoothed)} activations migrate their outliers into {nodes} weights")
+        smoothed = self.smoothed
+        if smoothed:
+            nodes = sum(len(v) for v in smoothed.values())
+            lines.append(f"smoothing: {len(smoothed)} activations migrate their outliers into {nodes} weights")
         if self.bias_corrected:
             lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
         width = max([len(op) for op in self.ops] + [7])
@@ -86,14 +173,14 @@ class InsertReport:
             lines.append(f"  {op:<{width}}  {c['quantized']:>9}  {c['skipped']:>7}")
         by_rule: dict[tuple, list[str]] = defaultdict(list)
         for s in self.skipped:
-            by_rule[(s["op"], s["rule"], s["reason"] if s["rule"] != "user-exclude" else s["reason"])].append(s["node"])
+            by_rule[(s["op"], s["rule"], s["reason"])].append(s["node"])
         if by_rule:
             lines.append("skipped (op, rule: reason):")
             for (op, rule, reason), nodes in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
                 ex = ", ".join(nodes[:max_examples]) + (f", ... ({len(nodes)} in all)" if len(nodes) > max_examples else "")
                 lines.append(f"  {op} {rule}: {reason}  [{ex}]")
-        if self.precision:
-            p = self.precision
+        p = self.precision
+        if p and p["high_precision"] != "fp32":
             lines.append(f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
                          f"casts, {len(p['kept_fp32'])} nodes kept fp32); in onnxruntime, run it with "
                          f"disabled_optimizers=['WeightBiasQuantization'] (README, Deployment)")
@@ -110,8 +197,22 @@ class InsertReport:
             for n in fb["float_nodes"]:
                 gain = next(r["gain_db"] for r in fb["ranking"] if r["node"] == n)
                 lines.append(f"  float: {n} (+{gain:.1f} dB alone)")
+        for n in self.notes:
+            lines.append(f"note: {n}")
         for w in self.warnings:
             lines.append(f"warning: {w}")
         if self.output:
             lines.append(f"wrote {self.output}")
         return "\n".join(lines)
+
+
+def _jsonable(value):
+    try:
+        import numpy as np
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    return str(value)

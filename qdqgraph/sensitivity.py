@@ -132,12 +132,13 @@ def _feed(batch: dict, flags: dict, on: set[str]) -> dict:
     return f
 
 
-def measure(quant_model: onnx.ModelProto, plan: Plan, data: CalibrationData, samples: int = 8,
+def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: CalibrationData, samples: int = 8,
             stop_above_db: float | None = None) -> tuple:
     """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float.
-    With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it."""
+    `quant_model`: the Q/DQ model insert_qdq made for `plan` (a ModelProto, or its graph as a
+    Loaded). With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it."""
     start = time.perf_counter()
-    loaded = io.load(quant_model)
+    loaded = quant_model if isinstance(quant_model, io.Loaded) else io.load(quant_model)
     graph, flags = switchable(loaded.graph, plan)
     sess = graph_session(io.Loaded(graph=graph, ir_version=loaded.ir_version), purpose="sensitivity")
     outs = [o.name for o in graph.outputs]

@@ -131,7 +131,7 @@ def test_no_calibration_refused_and_random_warns(model_and_data, capsys):
 
 
 @pytest.mark.parametrize("args,words", [(["--calib", "random", "--smooth-quant"], "needs calibration data"),
-                                        (["--smooth-quant", "2"], "alpha must be in [0, 1]")])
+                                        (["--smooth-quant", "2"], "--smooth-quant must be at most 1")])
 def test_bad_smooth_quant_is_one_line_and_writes_nothing(model_and_data, capsys, args, words):
     mp, dp = model_and_data
     before = files(mp.parent)

@@ -12,7 +12,7 @@ from qdqgraph.calib.collect import collect
 from qdqgraph.calib.histogram import RangeState
 from qdqgraph.data import CalibrationData
 from qdqgraph.errors import QdqError
-from qdqgraph.pipeline import clean, model_inputs
+from qdqgraph.prepare import clean, model_inputs
 from qdqgraph.placement import plan_placement
 
 

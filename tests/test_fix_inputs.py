@@ -12,7 +12,8 @@ from qdqgraph import io
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.passes.fix_inputs import parse_fixed
-from qdqgraph.pipeline import prepare
+from qdqgraph import QuantizeConfig
+from qdqgraph.prepare import clean, plan_for, prepare
 from qdqgraph.report import InsertReport
 
 
@@ -90,7 +91,9 @@ def test_inlined_branch_is_quantized_by_insert():
 def test_nested_if_is_inlined_in_rounds():
     m = _if_model("constant", nested=True)
     report = InsertReport()
-    loaded, plan = prepare(m, report=report)
+    loaded = io.load(m)
+    report.add(clean(loaded))
+    plan = plan_for(loaded, QuantizeConfig())
     assert report.ifs_inlined == ["pick", "inner_if"]          # the inner If surfaced in round one
     assert not [n for n in loaded.graph.nodes if n.op == "If"]
     assert plan.decisions["inner_else_conv"].quantized

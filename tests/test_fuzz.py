@@ -14,7 +14,7 @@ from qdqgraph import io, trtsim
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.passes.strip import strip_qdq
-from qdqgraph.pipeline import clean
+from qdqgraph.prepare import clean
 from qdqgraph.testing.render import render
 
 def fuzz(examples: int):

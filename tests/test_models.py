@@ -112,12 +112,13 @@ def test_entropy_thresholds_do_not_depend_on_batch_size_sharding_or_lanes(name):
     # real data, on which starting the histogram range from the first batch moved most thresholds
     # (up to 28% and 44% between batch 1 and batch 8); the reference runs one batch at a time
     from qdqgraph.calib.collect import collect
-    from qdqgraph.pipeline import amax_from_states, calibration_data, prepare
+    from qdqgraph.calibration import amax_from_states
+    from qdqgraph.prepare import prepare, read_data
     model_path, calib = ZOO / "models" / f"{name}.onnx", ZOO / "calib" / f"{name}.npz"
     if not model_path.exists() or not calib.exists():
         pytest.skip(f"{name} or its calibration data not generated here (see module docstring)")
     loaded, plan = prepare(model_path)
-    data = calibration_data(loaded, str(calib), samples=16)
+    data = read_data(loaded, str(calib), qdqgraph.QuantizeConfig(samples=16))
     assert data.batchable()
 
     def amax(states):

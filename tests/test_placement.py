@@ -9,7 +9,7 @@ import motifs
 import qdqgraph
 from qdqgraph import trtsim
 from qdqgraph import io
-from qdqgraph.pipeline import clean
+from qdqgraph.prepare import clean
 from qdqgraph.placement import explain, plan_placement
 from qdqgraph.testing.render import render, scales
 from qdqgraph.placement import load_ruleset
@@ -249,7 +249,7 @@ def test_a_small_int8_region_behind_a_reformat_goes_back_to_float(tmp_path):
     """P14: the pooled Gemm head after a float Softmax holds under 0.1% of the FLOPs and could only
     be entered through a standalone Q; it runs float instead, and no reformat is left inside."""
     from qdqgraph.placement.refine import predict
-    loaded, plan = qdqgraph.pipeline.prepare(motifs.small_head())
+    loaded, plan = qdqgraph.prepare.prepare(motifs.small_head())
     for node in ("head", "gap"):
         d = plan.decisions[node]
         assert not d.quantized and d.rule == "P14-small-int8-region", d
@@ -257,18 +257,18 @@ def test_a_small_int8_region_behind_a_reformat_goes_back_to_float(tmp_path):
     assert plan.decisions["c2"].quantized
     assert predict(loaded.graph, plan).summary["reformats_inside"] == 0
     # turned off by a rule file (same id, share 0): the head is INT8 behind one standalone Q
-    loaded, plan = qdqgraph.pipeline.prepare(motifs.small_head(), rules=[_region_rule_file(tmp_path, 0)])
+    loaded, plan = qdqgraph.prepare.prepare(motifs.small_head(), rules=[_region_rule_file(tmp_path, 0)])
     assert plan.decisions["head"].quantized
     report = predict(loaded.graph, plan)
     assert report.summary["reformats_inside"] == 1 and report.layer_of("softmax_out_q").reformat
 
 
 def test_a_region_above_the_share_or_forced_in_stays_int8(tmp_path):
-    _, plan = qdqgraph.pipeline.prepare(motifs.small_head(), rules=[_region_rule_file(tmp_path, 1e-6)])
+    _, plan = qdqgraph.prepare.prepare(motifs.small_head(), rules=[_region_rule_file(tmp_path, 1e-6)])
     assert plan.decisions["head"].quantized          # the head holds more than 0.0001% of the FLOPs
-    _, plan = qdqgraph.pipeline.prepare(motifs.small_head(), include_nodes=("^head$",))
+    _, plan = qdqgraph.prepare.prepare(motifs.small_head(), include_nodes=("^head$",))
     assert plan.decisions["head"].quantized and plan.decisions["head"].rule == "P1-gemm"
-    _, plan = qdqgraph.pipeline.prepare(motifs.tiny_conv())   # its float -> INT8 head holds 5% of the FLOPs
+    _, plan = qdqgraph.prepare.prepare(motifs.tiny_conv())   # its float -> INT8 head holds 5% of the FLOPs
     assert plan.decisions["head"].quantized
 
 

@@ -7,7 +7,7 @@ import motifs
 import qdqgraph
 from qdqgraph import io
 from qdqgraph.data import CalibrationData
-from qdqgraph.pipeline import model_inputs
+from qdqgraph.prepare import model_inputs
 from qdqgraph.sensitivity import measure
 
 

@@ -67,6 +67,13 @@ def safe_scale(amax) -> np.float32:
     return np.float32(min(a / INT8_MAX, f32max))
 
 
+def safe_scales(amax: np.ndarray) -> np.ndarray:
+    """`safe_scale` of each element (per-channel scales), the same float32 values, vectorised."""
+    a = np.asarray(amax, dtype=np.float64).copy()
+    a[~(np.isfinite(a) & (a > ZERO_RANGE_EPS))] = ZERO_RANGE_AMAX
+    return np.minimum(a / INT8_MAX, float(np.finfo(np.float32).max)).astype(np.float32)
+
+
 def compute_amax(state, method: str, percentile: float = 99.99) -> float:
     """amax of `state` by `method` (one of `METHODS`); see the module docstring."""
     if method not in METHODS:

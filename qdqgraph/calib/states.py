@@ -36,10 +36,36 @@ def load_states(path) -> dict:
     return doc
 
 
+def _check_shards(paths, docs) -> None:
+    """Shard states (written with `--shard I/N`) merge only as a full set: each of 1..N once."""
+    labels = [d.get("shard") for d in docs]
+    if not any(labels):
+        return
+    seen: dict[int, object] = {}
+    total = None
+    for p, label in zip(paths, labels):
+        try:
+            i, n = (int(x) for x in str(label).split("/"))
+        except ValueError:
+            raise QdqError(f"{p} holds the states of a whole run, not of a shard",
+                           "merge only the files written by `qdqgraph calibrate --shard I/N`") from None
+        if total is not None and n != total:
+            raise QdqError(f"{p} is shard {label}, the others are of {total}", "merge the shards of one split")
+        total = n
+        if i in seen:
+            raise QdqError(f"shard {i}/{n} is given twice ({seen[i]} and {p})", "pass each shard once")
+        seen[i] = p
+    missing = [f"{i}/{total}" for i in range(1, total + 1) if i not in seen]
+    if missing:
+        raise QdqError(f"shard {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing from the merge",
+                       f"pass all {total} shard files")
+
+
 def merge_state_files(paths) -> dict:
     """Merge shards of one calibration: same model, same scale groups. Returns a loaded doc."""
     docs = [load_states(p) for p in paths]
     first = docs[0]
+    _check_shards(paths, docs)
     for p, d in zip(paths[1:], docs[1:]):
         if d["model"] != first["model"]:
             raise QdqError(f"{p} was calibrated on another model than {paths[0]}",

@@ -5,22 +5,11 @@ into the weighted op's weights and bias; per-channel weight scales then see the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..view import GraphView
-
-
-@dataclass
-class BatchNormResult:
-    folded: list[str] = field(default_factory=list)
-    kept: list[tuple[str, str]] = field(default_factory=list)  # (BN node, why it stayed)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.folded)
+from .base import PassResult, result
 
 
 def _bn_params(view, bn):
@@ -73,16 +62,17 @@ def _fold_weights(view, op, w, b, scale, shift):
     return w, b * scale + shift
 
 
-def fold_batchnorm(graph: gs.Graph) -> BatchNormResult:
+def fold_batchnorm(graph: gs.Graph) -> PassResult:
     """Fold every BatchNormalization that directly follows a Conv/ConvTranspose/Gemm whose output it
-    alone uses. Modifies `graph`; BNs that cannot be folded stay, each with the reason."""
-    result = BatchNormResult()
+    alone uses. Modifies `graph`; details: `folded` (BN names), `kept` ([BN, why it stayed])."""
+    folded: list[str] = []
+    kept: list[tuple[str, str]] = []
     graph.toposort()
     view = GraphView(graph)
     for bn in [n for n in view.nodes if view.vocab.is_(n, "batchnorm")]:
         op, why = _why_not(view, bn)
         if op is None:
-            result.kept.append((bn.name, why))
+            kept.append((bn.name, why))
             continue
         scale, shift = _bn_params(view, bn)
         w_t = op.inputs[1]
@@ -107,6 +97,6 @@ def fold_batchnorm(graph: gs.Graph) -> BatchNormResult:
         out = bn.outputs[0]
         bn.outputs.clear()
         op.outputs[0] = out
-        result.folded.append(bn.name)
+        folded.append(bn.name)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    return result
+    return result("fold_batchnorm", bool(folded), folded=folded, kept=kept)

@@ -19,6 +19,7 @@ from ..data import CalibrationData
 from ..placement.plan import Plan
 from ..runtime import float_activations
 from ..view import GraphView
+from .base import PassResult, result
 from .insert import quantize_weight, weight_scales
 
 
@@ -57,8 +58,8 @@ def input_means(loaded: io.Loaded, plan: Plan, data: CalibrationData, samples: i
     return {k: v / max(seen, 1) for k, v in sums.items()}
 
 
-def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray]) -> list[str]:
-    """Apply the correction in place; returns the names of the corrected nodes."""
+def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray]) -> PassResult:
+    """Apply the correction in place; details: `corrected` (node names)."""
     view = GraphView(graph)
     done = []
     for node, site in _targets(graph, plan):
@@ -87,4 +88,4 @@ def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray]) ->
         else:
             node.inputs.append(const)
         done.append(node.name)
-    return done
+    return result("bias_correction", bool(done), corrected=done)

@@ -2,30 +2,19 @@
 Transpose/Reshape of constants (TensorFlow) become plain constants that placement can quantize."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import onnx_graphsurgeon as gs
 
 from ..ops import CONSTANT
+from .base import PassResult, result
 
 # Do not fold a subgraph whose result exceeds this (an Expand or Tile can blow up a model).
 FOLD_SIZE_LIMIT = 512 << 20
 
 
-@dataclass
-class FoldResult:
-    nodes_before: int
-    nodes_after: int
-    constant_nodes_left: list[str] = field(default_factory=list)
-
-    @property
-    def folded(self) -> int:
-        return self.nodes_before - self.nodes_after
-
-
-def fold_constants(graph: gs.Graph) -> FoldResult:
+def fold_constants(graph: gs.Graph) -> PassResult:
     """Evaluate constant subgraphs (through onnxruntime, via onnx-graphsurgeon) and replace them by
-    their values; Constant nodes become initializers. Modifies `graph`; returns what changed."""
+    their values; Constant nodes become initializers. Modifies `graph`; details: `folded` (how many
+    nodes went), `constant_nodes_left`."""
     before = len(graph.nodes)
     graph.toposort()
     log = gs.logger.G_LOGGER
@@ -39,4 +28,5 @@ def fold_constants(graph: gs.Graph) -> FoldResult:
         log.severity = severity
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     left = [n.name for n in graph.nodes if n.op == CONSTANT]
-    return FoldResult(before, len(graph.nodes), left)
+    folded = before - len(graph.nodes)
+    return result("fold_constants", folded > 0, folded=folded, constant_nodes_left=left)

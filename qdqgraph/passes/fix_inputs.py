@@ -15,18 +15,12 @@ onnxruntime refused the flattened model).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..errors import QdqError
 from ..ops import IDENTITY, vocabulary
-
-
-@dataclass
-class InlineResult:
-    inlined: list[str] = field(default_factory=list)      # If nodes replaced by their taken branch
+from .base import PassResult, result
 
 
 def parse_fixed(spec: str) -> tuple[str, list]:
@@ -43,10 +37,10 @@ def parse_fixed(spec: str) -> tuple[str, list]:
     return name, values
 
 
-def fix_inputs(graph: gs.Graph, fixed: dict[str, object]) -> list[str]:
+def fix_inputs(graph: gs.Graph, fixed: dict[str, object]) -> PassResult:
     """Replace the graph inputs named in `fixed` by constants of their declared dtype. The value
     takes a static input shape of as many elements; otherwise a scalar fixes a rank-0 input and a
-    list a rank-1 input. Returns the names fixed. Modifies `graph`."""
+    list a rank-1 input. Modifies `graph`; details: `fixed` (input name -> value as a list)."""
     inputs = {t.name: t for t in graph.inputs}
     for name, value in fixed.items():
         t = inputs.get(name)
@@ -76,7 +70,7 @@ def fix_inputs(graph: gs.Graph, fixed: dict[str, object]) -> list[str]:
             _replace_input(node, t, const)
         graph.outputs[:] = [const if o is t else o for o in graph.outputs]
         graph.inputs.remove(t)
-    return list(fixed)
+    return result("fix_inputs", bool(fixed), fixed={k: np.asarray(v).tolist() for k, v in fixed.items()})
 
 
 def _replace_input(node: gs.Node, old: gs.Tensor, new: gs.Tensor) -> None:
@@ -94,12 +88,12 @@ def _condition(node: gs.Node):
     return bool(v.reshape(-1)[0]) if v.size == 1 else None
 
 
-def inline_constant_ifs(graph: gs.Graph) -> InlineResult:
+def inline_constant_ifs(graph: gs.Graph) -> PassResult:
     """Replace every If node of `graph` whose condition is a constant by the nodes of the branch it
     takes. Repeats until none is left (an inlined branch may hold Ifs of its own; their conditions
-    are decided by the caller's next constant folding). Modifies `graph`."""
+    are decided by the caller's next constant folding). Modifies `graph`; details: `inlined`."""
     vocab = vocabulary()
-    out = InlineResult()
+    inlined: list[str] = []
     for node in [n for n in graph.nodes if vocab.is_(n, "conditional")]:
         cond = _condition(node)
         if cond is None:
@@ -116,7 +110,7 @@ def inline_constant_ifs(graph: gs.Graph) -> InlineResult:
                 graph.outputs[:] = [keep if o is if_out else o for o in graph.outputs]
         node.inputs.clear()
         node.outputs.clear()
-        out.inlined.append(node.name)
-    if out.inlined:
+        inlined.append(node.name)
+    if inlined:
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    return out
+    return result("inline_constant_ifs", bool(inlined), inlined=inlined)

@@ -1,36 +1,31 @@
-"""Insert Q/DQ at the sites of a placement plan, with scales from calibrated amax values."""
+"""Insert Q/DQ at the sites of a placement plan, with scales from calibrated amax values.
+
+`planned_insertions` works out, without touching the graph, every node and tensor insertion will
+add (names, scales, INT8 weights); `insert_qdq` applies them to a graphsurgeon graph. The simulator
+applies the same list to its own graph to predict a plan (qdqgraph.placement.refine), so the
+prediction sees exactly the names and parameters the written model will have.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..calib.methods import safe_scale
+from ..calib.methods import safe_scale, safe_scales
 from ..ops import DEQUANTIZE, QUANTIZE
-from ..placement.plan import Plan
+from ..placement.plan import Plan, Site
 from ..view import GraphView
+from .base import PassResult, result
 
 WEIGHT_FORMATS = ("int8", "qdq")
-
-
-@dataclass
-class InsertResult:
-    activations: int = 0
-    weights: int = 0
-    provenance: dict[str, str] = field(default_factory=dict)  # inserted node name -> rule id
-    zero_range: list[str] = field(default_factory=list)       # tensors that got the safe scale
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.activations or self.weights)
 
 
 class _Names:
     """Unique names derived from a tensor name."""
 
-    def __init__(self, graph: gs.Graph):
-        self.used = set(graph.tensors()) | {n.name for n in graph.nodes}
+    def __init__(self, used: set[str]):
+        self.used = used
 
     def __call__(self, base: str) -> str:
         name, k = base, 1
@@ -46,7 +41,7 @@ def weight_scales(w: np.ndarray, axis: int | None) -> np.ndarray:
     if axis is None:
         return np.asarray(safe_scale(float(a.max()) if a.size else 0.0), dtype=np.float32)
     amax = a.max(axis=tuple(d for d in range(w.ndim) if d != axis)) if w.ndim > 1 else a
-    return np.array([safe_scale(float(m)) for m in amax], dtype=np.float32)
+    return safe_scales(amax)
 
 
 def quantize_weight(w: np.ndarray, scale: np.ndarray, axis: int | None) -> np.ndarray:
@@ -55,61 +50,101 @@ def quantize_weight(w: np.ndarray, scale: np.ndarray, axis: int | None) -> np.nd
     return np.clip(np.rint(w.astype(np.float32) / s), -128, 127).astype(np.int8)
 
 
-def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8") -> InsertResult:
-    """Add one Q->DQ per activation site (shared by all its quantized consumers) and an INT8
-    weight + DQ (or float weight + Q->DQ with weights="qdq") per weight site. `amax` maps each
-    activation tensor to its calibrated range. Modifies `graph`."""
+@dataclass(frozen=True)
+class Insertion:
+    """One site's Q/DQ as insertion will write it."""
+
+    site: Site
+    source: str                   # the tensor that is quantized (a weight's INT8 copy when stored INT8)
+    int8: np.ndarray | None       # the INT8 weight, when stored INT8
+    scale_name: str
+    scale: np.ndarray
+    zero_point_name: str
+    zero_point: np.ndarray
+    axis: int | None
+    q: tuple[str, str] | None     # (Q node, its INT8 output), absent for an INT8 weight
+    dq: tuple[str, str]           # (DQ node, its float output)
+    dtype: object                 # the float type of the DQ output
+    shape: object
+    zero_range: bool = False      # an activation calibrated to zero: it got the safe scale
+
+
+def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8",
+                       view: GraphView | None = None) -> list[Insertion]:
+    """What `insert_qdq` will add for `plan` (pure: the graph is read, not changed)."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}")
-    view = GraphView(graph)
-    nodes = {n.name: n for n in graph.nodes}
-    names = _Names(graph)
-    result = InsertResult()
+    view = view or GraphView(graph)
+    names = _Names(set(view.tensors) | {n.name for n in graph.nodes})
+    out = []
     for site in sorted(plan.sites.values(), key=lambda s: s.tensor):
         t = view.tensors[site.tensor]
         base = site.tensor
+        int8 = None
+        zero_range = False
         if site.kind == "activation":
             a = amax.get(site.group or site.tensor, amax.get(site.tensor))
             if a is None:
                 raise KeyError(f"no calibrated range for tensor {site.tensor!r}")
-            if not (np.isfinite(a) and a > 2.0 ** -24):
-                result.zero_range.append(site.tensor)
+            zero_range = not (np.isfinite(a) and a > 2.0 ** -24)
             scale = np.array(safe_scale(a), dtype=np.float32)
             zp = np.array(0, dtype=np.int8)
-            src, axis = t, None
-            q_rule = dq_rule = site.rule
+            axis, source = None, site.tensor
         else:
             w = view.constant_value(t)
             axis = site.axis
             scale = weight_scales(w, axis)
             zp = np.zeros(scale.shape, dtype=np.int8)
+            source = site.tensor
             if weights == "int8":
-                src = gs.Constant(names(f"{base}_int8"), quantize_weight(w, scale, axis))
-            else:
-                src = t
-            q_rule = dq_rule = site.rule
-        s_const = gs.Constant(names(f"{base}_scale"), scale)
-        z_const = gs.Constant(names(f"{base}_zero_point"), zp)
-        attrs = {"axis": int(axis)} if axis is not None else {}
+                int8 = quantize_weight(w, scale, axis)
+                source = names(f"{base}_int8")
+        scale_name, zp_name = names(f"{base}_scale"), names(f"{base}_zero_point")
+        q = None
         if site.kind == "activation" or weights == "qdq":
-            q_out = gs.Variable(names(f"{base}_quantized"), dtype=np.int8, shape=t.shape if not isinstance(t, gs.Constant) else list(t.values.shape))
-            q = gs.Node(QUANTIZE, name=names(f"{base}_q"), inputs=[src, s_const, z_const], outputs=[q_out], attrs=dict(attrs))
-            graph.nodes.append(q)
-            result.provenance[q.name] = q_rule
-            dq_in = q_out
-        else:
-            dq_in = src
+            q_out = names(f"{base}_quantized")
+            q = (names(f"{base}_q"), q_out)
         dtype = t.values.dtype if isinstance(t, gs.Constant) else view.dtype(t)
         shape = list(t.values.shape) if isinstance(t, gs.Constant) else t.shape
-        dq_out = gs.Variable(names(f"{base}_dequantized"), dtype=dtype, shape=shape)
-        dq = gs.Node(DEQUANTIZE, name=names(f"{base}_dq"), inputs=[dq_in, s_const, z_const], outputs=[dq_out], attrs=dict(attrs))
+        dq_out = names(f"{base}_dequantized")
+        dq = (names(f"{base}_dq"), dq_out)
+        out.append(Insertion(site, source, int8, scale_name, scale, zp_name, zp, axis, q, dq, dtype, shape, zero_range))
+    return out
+
+
+def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8") -> PassResult:
+    """Add one Q->DQ per activation site (shared by all its quantized consumers) and an INT8
+    weight + DQ (or float weight + Q->DQ with weights="qdq") per weight site. `amax` maps each
+    activation tensor (or scale group) to its calibrated range. Modifies `graph`; details:
+    `activations`, `weights` (counts), `provenance` (inserted node -> rule id), `zero_range`."""
+    view = GraphView(graph)
+    nodes = {n.name: n for n in graph.nodes}
+    provenance: dict[str, str] = {}
+    counts = {"activation": 0, "weight": 0}
+    zero_range = []
+    for ins in planned_insertions(graph, plan, amax, weights, view):
+        site = ins.site
+        t = view.tensors[site.tensor]
+        src = gs.Constant(ins.source, ins.int8) if ins.int8 is not None else t
+        s_const = gs.Constant(ins.scale_name, ins.scale)
+        z_const = gs.Constant(ins.zero_point_name, ins.zero_point)
+        attrs = {"axis": int(ins.axis)} if ins.axis is not None else {}
+        dq_in = src
+        if ins.q is not None:
+            q_out = gs.Variable(ins.q[1], dtype=np.int8, shape=ins.shape)
+            q = gs.Node(QUANTIZE, name=ins.q[0], inputs=[src, s_const, z_const], outputs=[q_out], attrs=dict(attrs))
+            graph.nodes.append(q)
+            provenance[q.name] = site.rule
+            dq_in = q_out
+        dq_out = gs.Variable(ins.dq[1], dtype=ins.dtype, shape=ins.shape)
+        dq = gs.Node(DEQUANTIZE, name=ins.dq[0], inputs=[dq_in, s_const, z_const], outputs=[dq_out], attrs=dict(attrs))
         graph.nodes.append(dq)
-        result.provenance[dq.name] = dq_rule
+        provenance[dq.name] = site.rule
         for node_name, index in site.edges:
             nodes[node_name].inputs[index] = dq_out
-        if site.kind == "activation":
-            result.activations += 1
-        else:
-            result.weights += 1
+        counts[site.kind] += 1
+        if ins.zero_range:
+            zero_range.append(site.tensor)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    return result
+    return result("insert_qdq", bool(provenance), activations=counts["activation"], weights=counts["weight"],
+                  provenance=provenance, zero_range=zero_range)

@@ -12,17 +12,11 @@ training_mode is not a constant false.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import onnx_graphsurgeon as gs
 
 from ..ops import inference_no_op
 from ..view import GraphView
-
-
-@dataclass
-class NoOpResult:
-    removed: list[str] = field(default_factory=list)
+from .base import PassResult, result
 
 
 def _removable(view: GraphView, n: gs.Node) -> bool:
@@ -40,9 +34,10 @@ def _removable(view: GraphView, n: gs.Node) -> bool:
     return inference_no_op(view.vocab.is_(n, "dropout"), training, mask_used)
 
 
-def remove_no_ops(graph: gs.Graph) -> NoOpResult:
-    """Rewire every consumer of a removable no-op to the no-op's input. Modifies `graph`."""
-    result = NoOpResult()
+def remove_no_ops(graph: gs.Graph) -> PassResult:
+    """Rewire every consumer of a removable no-op to the no-op's input. Modifies `graph`; details:
+    `removed` (node names)."""
+    removed: list[str] = []
     view = GraphView(graph)
     for n in list(view.nodes):
         if not _removable(view, n):
@@ -52,7 +47,7 @@ def remove_no_ops(graph: gs.Graph) -> NoOpResult:
             consumer.inputs[i] = src
         n.inputs.clear()
         n.outputs.clear()
-        result.removed.append(n.name or n.op)
-    if result.removed:
+        removed.append(n.name or n.op)
+    if removed:
         graph.cleanup(remove_unused_graph_inputs=False)
-    return result
+    return result("remove_no_ops", bool(removed), removed=removed)

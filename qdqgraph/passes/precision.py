@@ -37,6 +37,7 @@ from ..errors import QdqError
 from ..ops import CAST, vocabulary
 from ..rulebook.files import bundled, read_toml
 from ..view import GraphView
+from .base import PassResult, result
 
 F32 = np.dtype(np.float32)
 ISLAND_TYPES = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -71,7 +72,8 @@ def keep_rules() -> tuple[KeepRule, ...]:
 
 
 @dataclass
-class PrecisionResult:
+class _Tally:
+    """What the retyping did, while it runs (returned as a PassResult)."""
     dtype: str
     retyped: int = 0                                        # float32 tensors now in the island type
     casts: int = 0
@@ -103,7 +105,7 @@ class _Retyper:
         self.graph, self.island, self.opset, self.ranges = graph, island, opset, ranges
         self.view = GraphView(graph)
         self.vocab = self.view.vocab
-        self.result = PrecisionResult(dtype=_short(island))
+        self.result = _Tally(dtype=_short(island))
         self.casts: dict[tuple[str, np.dtype], gs.Variable] = {}
         self.own: set[str] = set()                           # the Casts (and DQ copies) this pass adds
         self.names = {n.name for n in graph.nodes}           # node names in use (ONNX wants them unique)
@@ -208,7 +210,7 @@ class _Retyper:
 
     # ------------------------------------------------------------------ rewriting
 
-    def run(self) -> PrecisionResult:
+    def run(self) -> _Tally:
         g = self.graph
         graph_inputs = {t.name for t in g.inputs}
         produced: dict[str, np.dtype] = {}
@@ -344,14 +346,18 @@ def measure_ranges(model: onnx.ModelProto, data, samples: int = 4, providers=Non
 
 
 def lower_float_islands(graph: gs.Graph, high_precision: str = "fp16", opset: int = MIN_OPSET,
-                        ranges: dict[str, float] | None = None) -> PrecisionResult:
+                        ranges: dict[str, float] | None = None) -> PassResult:
     """Retype `graph`'s float islands in place (see the module doc). `opset` must be >= 19;
     `ranges` (from measure_ranges) keeps ops with large outputs in float32."""
     if high_precision not in HIGH_PRECISIONS:
         raise QdqError(f"unknown high precision {high_precision!r}", f"use one of {', '.join(HIGH_PRECISIONS)}")
     if high_precision == "fp32":
-        return PrecisionResult(dtype="fp32")
+        return result("float_islands", False, dtype="fp32", retyped=0, casts=0, dq_copies=0, kept=[],
+                      clamped_scales=[])
     graph.toposort()
-    result = _Retyper(graph, ISLAND_TYPES[high_precision], opset, ranges or {}).run()
+    t = _Retyper(graph, ISLAND_TYPES[high_precision], opset, ranges or {}).run()
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    return result
+    return result("float_islands", t.retyped > 0, dtype=t.dtype, retyped=t.retyped, casts=t.casts,
+                  dq_copies=t.dq_copies, kept=t.kept, clamped_scales=t.clamped_scales,
+                  warnings=[f"scale {n} does not fit {t.dtype}; clamped to stay finite and > 0"
+                            for n in t.clamped_scales])

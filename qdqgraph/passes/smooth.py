@@ -15,8 +15,6 @@ constant 2-D weight, are smoothed. max|x_k| is measured on the float model over 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -26,15 +24,10 @@ from ..data import CalibrationData
 from ..placement.plan import Plan
 from ..runtime import float_activations
 from ..view import GraphView
+from .base import PassResult, result
 
 DEFAULT_ALPHA = 0.5
 MAX_SCALE = 1e4            # s is clipped to [1/MAX_SCALE, MAX_SCALE]
-
-
-@dataclass
-class SmoothResult:
-    smoothed: dict[str, list[str]] = field(default_factory=dict)   # activation tensor -> smoothed nodes
-    max_ratio: dict[str, float] = field(default_factory=dict)      # tensor -> max/median channel range
 
 
 def _k_axis(view: GraphView, node: gs.Node) -> int | None:
@@ -82,14 +75,15 @@ def channel_ranges(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
 
 
 def smooth(graph: gs.Graph, found: dict[str, list[gs.Node]], ranges: dict[str, np.ndarray],
-           alpha: float = DEFAULT_ALPHA) -> SmoothResult:
+           alpha: float = DEFAULT_ALPHA) -> PassResult:
     """Insert Mul(x, 1/s) in front of each group of `found` (from `targets`) and scale the weights'
     rows by s. In place."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     view = GraphView(graph)
     tensors = graph.tensors()
-    result = SmoothResult()
+    smoothed: dict[str, list[str]] = {}        # activation tensor -> smoothed nodes
+    max_ratio: dict[str, float] = {}           # tensor -> max/median channel range
     for name, nodes in sorted(found.items()):
         ax = ranges.get(name)
         if ax is None:
@@ -111,9 +105,9 @@ def smooth(graph: gs.Graph, found: dict[str, list[gs.Node]], ranges: dict[str, n
             n.inputs[1] = gs.Constant(f"{n.name or n.outputs[0].name}_weight_smoothed",
                                       (w.astype(np.float64) * shaped).astype(w.dtype))
             n.inputs[0] = xs
-        result.smoothed[name] = [n.name for n in nodes]
+        smoothed[name] = [n.name for n in nodes]
         med = float(np.median(ax[ax > 0])) if ok.any() else 0.0
-        result.max_ratio[name] = float(ax.max() / med) if med > 0 else 0.0
-    if result.smoothed:
+        max_ratio[name] = float(ax.max() / med) if med > 0 else 0.0
+    if smoothed:
         graph.toposort()
-    return result
+    return result("smooth", bool(smoothed), smoothed=smoothed, max_ratio=max_ratio)

@@ -7,6 +7,7 @@ import onnx_graphsurgeon as gs
 
 from ..ops import CAST, DEQUANTIZE, QUANTIZE
 from ..view import GraphView
+from .base import PassResult, result
 
 
 def _dequantize(view, dq) -> np.ndarray | None:
@@ -54,9 +55,9 @@ def _as_type(graph: gs.Graph, view, t: gs.Tensor, dtype, casts: dict) -> gs.Tens
     return casts[key]
 
 
-def strip_qdq(graph: gs.Graph) -> int:
-    """Bypass every Q->DQ pair and turn every constant->DQ into a float constant. Returns the number
-    of DequantizeLinear nodes removed. Modifies `graph`. In a model with FP16 islands the result
+def strip_qdq(graph: gs.Graph) -> PassResult:
+    """Bypass every Q->DQ pair and turn every constant->DQ into a float constant. Details: `removed`
+    (how many DequantizeLinear nodes went), `casts`. Modifies `graph`. In a model with FP16 islands the result
     keeps their types: where a Q's input and its DQ's output differ in type, a Cast takes the DQ's
     place."""
     view = GraphView(graph)
@@ -81,4 +82,4 @@ def strip_qdq(graph: gs.Graph) -> int:
         dq.outputs.clear()
         removed += 1
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    return removed
+    return result("strip_qdq", removed > 0, removed=removed, casts=len(casts))

@@ -10,21 +10,63 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..passes.insert import insert_qdq
+from ..ops import DEQUANTIZE, QUANTIZE
+from ..passes.insert import Insertion, insert_qdq, planned_insertions
+from ..trtsim import SimReport, simulate
+from ..trtsim.ir import DQ, Q, QParams, SimGraph, SNode, STensor
+from ..trtsim.regions import costly_regions
+from ..trtsim.simulate import simulate_graph
+from ..view import GraphView
 from .plan import Plan, Selection
 from .planner import plan_placement
 from .ruleset import RegionRule, RuleSet
-from ..trtsim import SimReport, simulate
-from ..trtsim.regions import costly_regions
 
 
 def predict(graph: gs.Graph, plan: Plan) -> SimReport:
-    """The simulator's prediction for `plan` on a copy of `graph`, every activation at amax 1."""
-    g = graph.copy()
-    insert_qdq(g, plan, {rep: 1.0 for rep in plan.groups()})
-    return simulate(g)
+    """The simulator's prediction for `plan` on `graph` (which is not changed), every activation
+    at amax 1. The Q/DQ that insertion would write are added to the simulator's own copy of the
+    graph, with the same names and parameters, instead of to a copy of `graph`."""
+    view = GraphView(graph)
+    insertions = planned_insertions(graph, plan, {rep: 1.0 for rep in plan.groups()}, view=view)
+    g = SimGraph.from_gs(graph)
+    if any(name not in g.nodes for ins in insertions for name, _ in ins.site.edges):
+        copy = graph.copy()               # nodes without unique names: insert for real, then read
+        insert_qdq(copy, plan, {rep: 1.0 for rep in plan.groups()})
+        return simulate(copy)
+    for ins in insertions:
+        _add(g, ins)
+    return simulate_graph(g)
+
+
+def _add(g: SimGraph, ins: Insertion) -> None:
+    """Add one insertion's Q/DQ to the simulator's graph, as reading the written model would."""
+    shape = tuple(ins.shape) if ins.shape is not None else None
+    for name, value in ((ins.scale_name, ins.scale), (ins.zero_point_name, ins.zero_point)):
+        g.tensors[name] = STensor(name, value.dtype, tuple(value.shape), value)
+    if ins.int8 is not None:
+        g.tensors[ins.source] = STensor(ins.source, ins.int8.dtype, tuple(ins.int8.shape), ins.int8)
+    qp = None
+    attrs = {"axis": int(ins.axis)} if ins.axis is not None else {}
+    src = ins.source
+    if ins.q is not None:
+        name, out = ins.q
+        g.tensors[out] = STensor(out, np.dtype(np.int8), shape)
+        qp = QParams(ins.scale, ins.zero_point, ins.axis if ins.scale.size > 1 else None, owner=name)
+        g.add(SNode(name, QUANTIZE, [src, ins.scale_name, ins.zero_point_name], [out], dict(attrs), Q, qp,
+                    origin=[name]))
+        g.onnx_names[name] = QUANTIZE
+        src = out
+    name, out = ins.dq
+    g.tensors[out] = STensor(out, ins.dtype, shape)
+    g.add(SNode(name, DEQUANTIZE, [src, ins.scale_name, ins.zero_point_name], [out], dict(attrs), DQ,
+                QParams(ins.scale, ins.zero_point, ins.axis if ins.scale.size > 1 else None, owner=name),
+                origin=[name]))
+    g.onnx_names[name] = DEQUANTIZE
+    for node, index in ins.site.edges:
+        g.set_input(g.nodes[node], index, out)
 
 
 def region_nodes(report: SimReport, plan: Plan, rule: RegionRule,
@@ -59,4 +101,3 @@ def refine(graph: gs.Graph, plan: Plan, ruleset: RuleSet, selection: Selection) 
     if after.summary["reformats_inside"] < before.summary["reformats_inside"]:
         return smaller
     return plan
-

@@ -26,9 +26,14 @@ def as_graph(model) -> gs.Graph:
 
 def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None) -> SimReport:
     """Predict how TensorRT fuses a Q/DQ graph: layers, their precisions, and the reformats."""
-    graph = as_graph(model)
+    return simulate_graph(SimGraph.from_gs(as_graph(model)), rules, bound)
+
+
+def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | None = None) -> SimReport:
+    """`simulate` on a SimGraph (which it rewrites: pass a fresh one)."""
     rules = rules or load_sim_rules()
-    g = SimGraph.from_gs(graph)
+    graph_io = [[(t, g.tensors[t].dtype, g.tensors[t].shape) if t in g.tensors else (t, None, None) for t in names]
+                for names in (g.inputs, g.outputs)]
     unused = g.prune()
     trace = Trace()
     no_ops = eliminate_no_ops(g, rules, trace)
@@ -52,8 +57,7 @@ def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None) -
             [{"nodes": folded, "rule": "constant"}] if folded else []),
         events=[{"rule": e.rule, "nodes": e.nodes, "detail": e.detail} for e in trace.events],
         node_names=set(g.onnx_names),
-        graph_inputs=[(t.name, t.dtype, t.shape) for t in graph.inputs],
-        graph_outputs=[(t.name, t.dtype, t.shape) for t in graph.outputs],
+        graph_inputs=graph_io[0], graph_outputs=graph_io[1],
         steps=steps, misses=trace.misses, final=(g, rules),
         shapes={t.name: t.shape for t in g.tensors.values() if t.shape is not None})
 

@@ -1,0 +1,173 @@
+"""Calibration as a step of its own: ranges per scale group from data, from a cache, or from
+shards merged; `qdqgraph.calibrate` in the API and `qdqgraph calibrate` on the command line.
+
+    cal = qdqgraph.calibrate("model.onnx", "data.npz", method="entropy")
+    cal.save("calib.json")                    # or format="tensorrt", or "state" (mergeable)
+    part = qdqgraph.calibrate("model.onnx", "data.npz", shard=(2, 4))   # states of shard 2 of 4
+    cal = qdqgraph.merge_calibrations(["s1.json", "s2.json", "s3.json", "s4.json"], method="entropy")
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from . import io
+from .calib import cache as cache_files
+from .calib.collect import collect
+from .calib.methods import compute_amax
+from .calib.states import merge_state_files, save_states
+from .config import DEFAULT_PERCENTILE, QuantizeConfig, config_from
+from .data import CalibrationData
+from .errors import QdqError
+from .placement.plan import Plan
+from .prepare import prepare, read_data
+
+FORMATS = ("json", "tensorrt", "state")
+
+
+@dataclass
+class Calibration:
+    """The ranges of one calibration: amax per scale group (representative tensor), the groups,
+    and, for a shard or on request, the mergeable histogram states."""
+
+    groups: dict[str, list[str]]
+    amax: dict[str, float] = field(default_factory=dict)
+    states: dict | None = None
+    method: str = "percentile"
+    samples: int = 0
+    seconds: float = 0.0
+    model_id: str = ""
+    shard: str | None = None
+
+    def per_tensor(self) -> dict[str, float]:
+        return {t: self.amax[rep] for rep, members in self.groups.items() for t in members if rep in self.amax}
+
+    def save(self, path, format: str = "json") -> None:
+        """Write a qdqgraph JSON cache, a TensorRT calibration cache, or the states (to merge)."""
+        if format not in FORMATS:
+            raise QdqError(f"unknown calibration format {format!r}", f"use one of {', '.join(FORMATS)}")
+        if format == "state":
+            if self.states is None:
+                raise QdqError("this calibration kept no states to save", "calibrate with keep_states=True or a shard")
+            save_states(path, self.states, self.groups, self.samples, self.model_id, shard=self.shard)
+        elif format == "tensorrt":
+            algo = "EntropyCalibration2" if self.method == "entropy" else "MinMaxCalibration"
+            cache_files.write_tensorrt(path, self.per_tensor(), algo=algo)
+        else:
+            cache_files.write_json(path, self.per_tensor(), self.method, self.samples)
+
+
+def model_id(model) -> str:
+    """sha256 of the model file (or of the ModelProto's bytes): ties saved state to its model."""
+    h = hashlib.sha256()
+    if isinstance(model, onnx.ModelProto):
+        h.update(model.SerializeToString())
+    else:
+        with open(model, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def amax_from_states(states: dict, method: str, percentile: float = DEFAULT_PERCENTILE) -> dict[str, float]:
+    return {k: float(compute_amax(s, method, percentile=percentile)) for k, s in states.items()}
+
+
+def exact_ranges(plan: Plan, amax: dict[str, float]) -> dict[str, float]:
+    """`amax` with the ranges the graph fixes (a one-hot's 1.0) in place of estimated or cached ones."""
+    for rep, members in plan.groups().items():
+        exact = [plan.sites[t].exact_amax for t in members]
+        if rep in amax and all(e is not None for e in exact):
+            amax[rep] = max(exact)
+    return amax
+
+
+def read_cache(path) -> dict[str, float]:
+    """A calibration cache (qdqgraph JSON or TensorRT text, sniffed): tensor -> amax. Any problem
+    with the file is a QdqError naming it."""
+    p = Path(path)
+    if not p.exists():
+        raise QdqError(f"calibration cache not found: {p}", "check the --calib-cache path")
+    if p.is_dir():
+        raise QdqError(f"calibration cache {p} is a folder", "pass the cache file itself")
+    try:
+        return cache_files.load_cache(p)
+    except ValueError as e:
+        raise QdqError(str(e), "pass a cache written by `qdqgraph calibrate` or a TensorRT calibration cache") from None
+    except OSError as e:
+        raise QdqError(f"calibration cache {p} cannot be read ({e.strerror or e})", "check its permissions") from None
+
+
+def ranges_from_cache(plan: Plan, cache, can_calibrate: bool = False) -> tuple[dict[str, float], set[str]]:
+    """(amax per scale group found in a cache file or a dict {tensor: amax} (API), the groups it
+    lacks). Lacking any is an error unless `can_calibrate` (data was given for them)."""
+    if isinstance(cache, dict):
+        table = {}
+        for name, amax in cache.items():
+            try:
+                table[name] = cache_files._check_amax(name, amax)
+            except ValueError as e:
+                raise QdqError(f"calibration ranges: {e}", "give each tensor a finite amax >= 0") from None
+    else:
+        table = read_cache(cache)
+    out, missing = {}, set()
+    for rep, members in plan.groups().items():
+        found = [table[t] for t in members if t in table]
+        if found:
+            out[rep] = max(found)
+        else:
+            missing.add(rep)
+    if missing and not can_calibrate:
+        first = sorted(missing)[0]
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        where = "the given ranges" if isinstance(cache, dict) else f"calibration cache {cache}"
+        raise QdqError(f"{where} has no range for tensor '{first}'{more}",
+                       "add --calib DATA to calibrate what the cache lacks, or pass a cache made for this model")
+    return exact_ranges(plan, out), missing
+
+
+def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config: QuantizeConfig,
+                   progress=None, only: set[str] | None = None, keep_states: bool = False) -> Calibration:
+    """Calibrate the scale groups of `plan` (or those in `only`) on `data`."""
+    groups = plan.groups()
+    if only is not None:
+        groups = {rep: members for rep, members in groups.items() if rep in only}
+    if not groups:
+        return Calibration({}, method=config.method)
+    got = collect(loaded, groups, data, method="entropy" if keep_states else config.method,
+                  batch_size=config.batch_size, providers=list(config.providers) if config.providers else None,
+                  progress=progress, lanes=config.lanes)
+    amax = {} if keep_states else exact_ranges(plan, amax_from_states(got.states, config.method, config.percentile))
+    return Calibration(groups, amax, got.states if keep_states else None, config.method, got.samples, got.seconds)
+
+
+def calibrate(model, calib, *, config: QuantizeConfig | None = None, shard: tuple[int, int] | None = None,
+              keep_states: bool = False, progress=None, **options) -> Calibration:
+    """Calibrate the tensors `quantize` would quantize with this config, without writing a model.
+    `shard=(i, n)` calibrates the i-th of n parts of the samples and keeps its states (to be merged
+    with `merge_calibrations`); `keep_states` keeps them for a whole run too."""
+    cfg = config_from(config, **options)
+    if calib is None:
+        raise QdqError("no calibration data given", "pass --calib DATA.npz")
+    loaded, plan = prepare(model, cfg)
+    data = read_data(loaded, calib, cfg)
+    if shard is not None:
+        data = data.shard(*shard)
+        keep_states = True
+    cal = calibrate_plan(loaded, plan, data, cfg, progress, keep_states=keep_states)
+    cal.groups = plan.groups()
+    cal.model_id = model_id(model)
+    cal.shard = f"{shard[0]}/{shard[1]}" if shard else None
+    return cal
+
+
+def merge_calibrations(paths, method: str = "percentile", percentile: float = DEFAULT_PERCENTILE) -> Calibration:
+    """Merge the saved states of shards of one calibration into the ranges of one run over all
+    their samples (bit for bit what one process gives)."""
+    QuantizeConfig(method=method, percentile=percentile)       # checks both
+    doc = merge_state_files(list(paths))
+    return Calibration(doc["groups"], amax_from_states(doc["states"], method, percentile), doc["states"], method,
+                       doc["samples"], model_id=doc["model"])

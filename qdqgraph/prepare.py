@@ -1,0 +1,114 @@
+"""The stages before calibration: load the model, fix inputs, clean the graph, plan placement, and
+read the calibration data once.
+
+    loaded, plan = prepare("model.onnx", config)        # what quantize and calibrate both start from
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import io
+from .config import QuantizeConfig, config_from
+from .data import CalibrationData, InputSpec, random_data, read_arrays
+from .errors import QdqError
+from .passes.base import PassResult
+from .passes.batchnorm import fold_batchnorm
+from .passes.constants import fold_constants
+from .passes.fix_inputs import fix_inputs, inline_constant_ifs
+from .passes.no_ops import remove_no_ops
+from .placement import load_ruleset, plan_placement
+from .placement.plan import Plan
+from .placement.refine import refine
+from .view import GraphView
+
+MAX_INLINE_ROUNDS = 8          # nesting depth of If nodes inlined once their conditions are constant
+
+
+def model_inputs(graph) -> list[InputSpec]:
+    specs = []
+    for t in graph.inputs:
+        if t.dtype is None:
+            raise QdqError(f"model input '{t.name}' has no declared type", "re-export the model with typed inputs")
+        shape = tuple(t.shape) if t.shape is not None else None
+        specs.append(InputSpec(t.name, np.dtype(t.dtype), shape))
+    return specs
+
+
+def refuse_quantized(loaded: io.Loaded) -> None:
+    view = GraphView(loaded.graph)
+    found = sorted({n.op for n in view.nodes if view.vocab.is_(n, "quant")})
+    if found:
+        raise QdqError(f"the model already holds quantization ({', '.join(found)})",
+                       "give qdqgraph the float model it came from (or inspect this one with `qdqgraph report`)")
+
+
+def load_model(model, config: QuantizeConfig) -> tuple[io.Loaded, list[PassResult]]:
+    """Load, refuse already-quantized models, and make the config's fixed inputs constants."""
+    loaded = io.load(model)
+    refuse_quantized(loaded)
+    passes = []
+    if config.fixed_inputs:
+        fixed = fix_inputs(loaded.graph, config.fixed)
+        loaded.fixed_inputs = tuple(fixed["fixed"])
+        passes.append(fixed)
+    return loaded, passes
+
+
+def clean(loaded: io.Loaded) -> list[PassResult]:
+    """Remove inference no-ops, fold constants, inline Ifs whose condition became constant (in
+    rounds: an inlined branch may decide another If), fold BatchNormalization. In place."""
+    out = [remove_no_ops(loaded.graph), fold_constants(loaded.graph)]
+    for _ in range(MAX_INLINE_ROUNDS):
+        step = inline_constant_ifs(loaded.graph)
+        if not step.changed:
+            break
+        out += [step, fold_constants(loaded.graph)]
+    out.append(fold_batchnorm(loaded.graph))
+    return out
+
+
+def plan_for(loaded: io.Loaded, config: QuantizeConfig, float_nodes: tuple = ()) -> Plan:
+    """The placement plan of the (cleaned) graph as it is now, small INT8 regions returned to float
+    (P14, qdqgraph.placement.refine); `float_nodes`: (node, why) the fallback returns to float."""
+    ruleset = load_ruleset(config.rules)
+    selection = config.selection(float_nodes)
+    return refine(loaded.graph, plan_placement(loaded.graph, ruleset, selection), ruleset, selection)
+
+
+def check_plan(loaded: io.Loaded, plan: Plan) -> list[str]:
+    """Refuse what cannot be quantized here; warnings for what is passed through."""
+    view = GraphView(loaded.graph)
+    for s in plan.activation_sites():
+        dt = view.dtype(view.tensors[s.tensor])
+        if np.dtype(dt) != np.float32:
+            raise QdqError(f"tensor '{s.tensor}' is {np.dtype(dt).name}; qdqgraph quantizes float32 models",
+                           "export the model in float32 (FP16 islands are made after quantization)")
+    custom = sorted({(n.domain, n.op, n.name) for n in loaded.graph.nodes if n.domain not in ("", "ai.onnx", None)})
+    return [f"custom op {domain}::{op} ({name}) is passed through unquantized; its neighbours are quantized by "
+            f"their own rules" for domain, op, name in custom]
+
+
+def prepare(model, config: QuantizeConfig | None = None, **options) -> tuple[io.Loaded, Plan]:
+    """Load, fix inputs, clean and plan: what `quantize` and `calibrate` both start from."""
+    cfg = config_from(config, **options)
+    loaded, _ = load_model(model, cfg)
+    clean(loaded)
+    plan = plan_for(loaded, cfg)
+    check_plan(loaded, plan)
+    return loaded, plan
+
+
+def read_data(loaded: io.Loaded, calib, config: QuantizeConfig) -> CalibrationData:
+    """The calibration data, read once and checked against the model's inputs: a .npz/.npy path, a
+    folder of them (streamed a file at a time), a folder of images (with config.preprocess), a dict
+    {input: array}, or "random" (with a warning)."""
+    inputs = model_inputs(loaded.graph)
+    if isinstance(calib, str) and calib == "random":
+        arrays = random_data(inputs)
+    else:
+        arrays = read_arrays(calib, inputs, config.preprocess, ignore=loaded.fixed_inputs)
+    return CalibrationData(arrays, inputs, config.samples)
+
+
+def is_real(calib) -> bool:
+    return calib is not None and not (isinstance(calib, str) and calib == "random")
