@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import io
+from . import io, outputs
 from .errors import QdqError
 from .profiles import InputProfile
 
@@ -168,16 +167,6 @@ def build(model: str | os.PathLike, plan: str | os.PathLike, *, profiles: dict[s
     return out
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_bytes_atomic(path: Path, data: bytes, force: bool = True) -> None:
+    """Write `data` to `path` by qdqgraph's output policy (qdqgraph.outputs)."""
+    outputs.write_bytes(path, data, force)

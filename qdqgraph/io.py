@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from . import outputs
 from .errors import QdqError
 from .ops import CONSTANT
 
@@ -55,11 +58,15 @@ def opset_of(model: onnx.ModelProto) -> int:
 def declared_bytes(t: onnx.TensorProto) -> int:
     """The size a tensor's shape and type call for (reading len(raw_data) copies the data: 13 ms
     per pass over ResNet-50's weights)."""
+    return math.prod(t.dims) * _itemsize(t.data_type)
+
+
+@lru_cache(maxsize=None)
+def _itemsize(data_type: int) -> int:
     try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        return onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
     except (KeyError, ValueError, TypeError):
-        itemsize = 4
-    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+        return 4
 
 
 def tensor_bytes(model: onnx.ModelProto) -> int:
@@ -235,10 +242,13 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True)
                   opset_raised_from=raised)
 
 
-def to_model(loaded: Loaded, provenance: dict[str, str] | None = None) -> onnx.ModelProto:
-    """Export the graph back to a ModelProto, keeping model-level fields and stamping rule ids."""
+def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: bool = True) -> onnx.ModelProto:
+    """Export the graph back to a ModelProto, keeping model-level fields and stamping rule ids.
+    The graph is cleaned up and sorted first, unless `tidy` is False (the caller's last pass just
+    did both)."""
     graph = loaded.graph
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    if tidy:
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
     model = gs.export_onnx(graph, do_type_check=True)
     model.ir_version = max(loaded.ir_version, 7)
     model.producer_name = loaded.producer_name or "qdqgraph"
@@ -334,78 +344,47 @@ def check(model: onnx.ModelProto) -> None:
         onnx.checker.check_model(str(p), full_check=True)
 
 
-@contextlib.contextmanager
-def _atomic_paths(final: Path, count: int):
-    """Yield `count` temporary paths in `final`'s folder; remove them all unless the block succeeds."""
-    temps = []
-    try:
-        for _ in range(count):
-            fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-            os.close(fd)
-            temps.append(Path(name))
-        yield temps
-    except BaseException:
-        for t in temps:
-            with contextlib.suppress(OSError):
-                t.unlink()
-        raise
+def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = (), force: bool = True) -> list[Path]:
+    """Write `model` to `path` by qdqgraph's output policy (qdqgraph.outputs: atomic, mode from the
+    umask, an existing file replaced only with `force`); returns the files written.
 
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> list[Path]:
-    """Write `model` to `path` atomically; returns the files written.
-
-    The model goes to a temporary file beside the target and is renamed into place, so a failed or
-    interrupted write leaves nothing half-written. Models whose tensors exceed
-    EXTERNAL_DATA_THRESHOLD are written with external data in `<name>.data`. Paths in `protect`
-    (the input model and its data) are never overwritten.
+    Models whose tensors exceed EXTERNAL_DATA_THRESHOLD are written with external data in
+    `<name>.data`, which is written first and removed again if the model cannot be. Paths in
+    `protect` (the input model and its data) are never written.
     """
     final = Path(path)
-    resolved = final.resolve()
-    for p in protect:
-        if p is not None and Path(p).resolve() == resolved:
-            raise QdqError(f"refusing to overwrite the input model {final}", "choose another output with -o")
-    if not final.parent.exists():
-        raise QdqError(f"output folder {final.parent} does not exist", "create it or choose another output with -o")
-    if not os.access(final.parent, os.W_OK):
-        raise QdqError(f"output folder {final.parent} is not writable", "choose another output with -o")
-    external = tensor_bytes(model) >= EXTERNAL_DATA_THRESHOLD
     data_final = final.with_name(final.name + ".data")
-    if external:
-        for p in protect:
-            if p is not None and Path(p).resolve() == data_final.resolve():
-                raise QdqError(f"refusing to overwrite the input's external data {data_final}",
-                               "choose another output with -o")
-    try:
-        with _atomic_paths(final, 2 if external else 1) as temps:
-            if external:
-                tmp_model, tmp_data = temps
-                # onnx writes the data file next to the model, under `location`; write it under the
-                # temporary name, then point the model at the final name before the rename.
-                _write_external(model, tmp_model, tmp_data.name)
-                relocated = onnx.load(str(tmp_model), load_external_data=False)
-                for t in _external_tensors(relocated):
-                    for e in t.external_data:
-                        if e.key == "location":
-                            e.value = data_final.name
-                onnx.save(relocated, str(tmp_model))
-                _fsync(tmp_data)
-                _fsync(tmp_model)
-                os.replace(tmp_data, data_final)
-                os.replace(tmp_model, final)
-                return [final, data_final]
-            (tmp_model,) = temps
-            onnx.save(model, str(tmp_model))
-            _fsync(tmp_model)
-            os.replace(tmp_model, final)
-            return [final]
-    except OSError as e:
-        raise QdqError(f"could not write {final} ({e.strerror or e})",
-                       "free disk space or choose another output with -o") from e
+    external = tensor_bytes(model) >= EXTERNAL_DATA_THRESHOLD
+    for p in protect:
+        for target in [final] + ([data_final] if external else []):
+            if p is not None and Path(p).resolve() == target.resolve():
+                raise QdqError(f"refusing to overwrite the input {'model' if target == final else 'external data'} "
+                               f"{target}", "choose another output with -o")
+    outputs.check_output(final, "output", force)
+    if not external:
+        return outputs._as_qdq_error(final, lambda: outputs.write_atomic(final, lambda tmp: onnx.save(model, str(tmp)),
+                                                                         force))
+    relocated: dict = {}
+
+    def write_data(tmp_data: Path) -> None:
+        # onnx writes the data file next to the model under `location`: write both under temporary
+        # names, then point the model at the final data name
+        scratch = tmp_data.with_name(tmp_data.name + ".model")
+        try:
+            _write_external(model, scratch, tmp_data.name)
+            m = onnx.load(str(scratch), load_external_data=False)
+        finally:
+            with contextlib.suppress(OSError):
+                scratch.unlink()
+        for t in _external_tensors(m):
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = data_final.name
+        relocated["model"] = m
+
+    written = outputs._as_qdq_error(final, lambda: outputs.write_atomic(
+        final, lambda tmp: onnx.save(relocated["model"], str(tmp)), force, companions=[(data_final, write_data)]))
+    return [final] + [p for p in written if p != final]
 
 
 def _external_tensors(model: onnx.ModelProto):
@@ -485,38 +464,9 @@ def save_temp(model: onnx.ModelProto, folder: str) -> str:
     return str(p)
 
 
-def write_text_atomic(path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one, never a part."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            mode = os.stat(path).st_mode & 0o7777       # keep an existing file's permissions
-        except FileNotFoundError:
-            mode = 0o644                                # mkstemp's 0600 is too strict for a cache
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:                                               # make the rename itself durable (POSIX)
-        dfd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+def write_text_atomic(path, text: str, force: bool = True) -> None:
+    """Write `text` to `path` by qdqgraph's output policy (qdqgraph.outputs)."""
+    outputs.write_text(path, text, force)
 
 
 def read_json(path, what: str, fix: str):

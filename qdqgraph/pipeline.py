@@ -10,6 +10,8 @@ them.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,23 @@ class Result:
     config: QuantizeConfig | None = None
 
 
+# Python's cyclic garbage collector scans every tracked object at each full collection, and a
+# graph is hundreds of thousands of them: at its default thresholds collection took a third of
+# insert's time on a 10,000-node CNN (benchmarks/scale.py: 20.1 s -> 13.4 s with it off). A run
+# collects far less often; the thresholds are restored when it ends.
+RUN_GC_THRESHOLD = (100_000, 50, 100)
+
+
+@contextlib.contextmanager
+def fewer_collections():
+    old = gc.get_threshold()
+    gc.set_threshold(*RUN_GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def _require_data(cfg: QuantizeConfig, calib, calib_cache) -> None:
     if calib is None and calib_cache is None:
         raise QdqError("no calibration data given",
@@ -69,6 +88,11 @@ def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_c
     of the same names (method, percentile, rules, exclude_nodes, high_precision, accuracy_budget, ...);
     see qdqgraph.config for each one and its default.
     """
+    with fewer_collections():
+        return _quantize(model, calib, config, calib_cache, progress, options)
+
+
+def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     cfg = config_from(config, **options)
     _require_data(cfg, calib, calib_cache)
     for lib in cfg.custom_op_libraries:
@@ -184,22 +208,25 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
     samples stay float32. Returns the model and the graph it was exported from."""
     if cfg.high_precision == "fp32":
         with report.stage("insert"):
-            model = io.to_model(loaded, provenance)
+            model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy
             _check(model, "quantized")
         return model, loaded
     with report.stage("float islands"):
-        model = io.to_model(loaded, provenance)
+        model = io.to_model(loaded, provenance, tidy=False)           # insert_qdq left it tidy
+    with report.stage("island ranges"):             # a run on calibration samples (rule H5)
         if data is not None:
-            ranges = measure_ranges(model, data, providers=list(cfg.providers) if cfg.providers else None)
+            ranges = measure_ranges(model, data, providers=list(cfg.providers) if cfg.providers else None,
+                                    graph=loaded.graph)
         else:
             ranges = {}
             report.warnings.append(f"no calibration data: {cfg.high_precision} islands were made without "
                                    f"checking activation ranges (rule H5)")
+    with report.stage("float islands"):
         model, _ = io.raise_opset(model, PRECISION_OPSET, why=f"{cfg.high_precision} Q/DQ scales")
         lowered = io.load(model, check=False)
         islands = lower_float_islands(lowered.graph, cfg.high_precision, io.opset_of(model), ranges)
         report.add([islands])
-        model = io.to_model(lowered, provenance)
+        model = io.to_model(lowered, provenance, tidy=False)          # the islands pass left it tidy
         _check_raised(model, cfg.high_precision, report)
     return model, lowered
 

@@ -184,8 +184,16 @@ def _drop_reorders(model: onnx.ModelProto, outputs: set[str]) -> BlockedOutputs:
             continue
         fetch[name], channels[src] = src, int(c)
         dropped.append(n)
-    for n in dropped:
-        g.node.remove(n)
+    if dropped:                          # one rebuild: removing one by one is quadratic in protobuf
+        gone = {n.output[0] for n in dropped}
+        kept = []
+        for n in g.node:
+            if not (n.op_type == _REORDER_OUTPUT and n.output and n.output[0] in gone):
+                c = onnx.NodeProto()
+                c.CopyFrom(n)
+                kept.append(c)
+        del g.node[:]
+        g.node.extend(kept)
     for o in g.output:
         if o.name in fetch and fetch[o.name] != o.name:
             new = fetch[o.name]

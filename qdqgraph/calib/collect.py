@@ -144,6 +144,7 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
     g = graph.copy()
     existing = g.tensors()
     inputs = {t.name for t in g.inputs}
+    outputs = {t.name for t in g.outputs}
     fetch = {}
     for i, name in enumerate(tensors):
         if name in inputs and stride <= 1:
@@ -153,10 +154,11 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
         if t.name in inputs:             # a graph input cannot also be a graph output
             t = g.layer(op=IDENTITY, name=f"qdqgraph_calib_copy_{i}", inputs=[t],
                         outputs=[gs.Variable(f"qdqgraph_calib_copy_{i}", dtype=t.dtype)])[0]
-        if t not in g.outputs:
+        if t.name not in outputs:
             if t.dtype is None:          # after an op shape inference does not know (a custom op);
                 t.dtype = np.float32     # planned tensors are float, and onnxruntime checks the type
             g.outputs.append(t)
+            outputs.add(t.name)
         fetch[name] = t.name
     return g, fetch
 

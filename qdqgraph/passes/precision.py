@@ -33,9 +33,11 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from .. import io
 from ..errors import QdqError
 from ..ops import CAST, vocabulary
 from ..rulebook.files import bundled, read_toml
+from ..runtime import session
 from ..view import GraphView
 from .base import PassResult, result
 
@@ -324,13 +326,12 @@ def _short(dtype: np.dtype) -> str:
     return {np.dtype(np.float16): "fp16", np.dtype(ml_dtypes.bfloat16): "bf16", F32: "fp32"}[np.dtype(dtype)]
 
 
-def measure_ranges(model: onnx.ModelProto, data, samples: int = 4, providers=None) -> dict[str, float]:
+def measure_ranges(model: onnx.ModelProto, data, samples: int = 4, providers=None,
+                   graph: gs.Graph | None = None) -> dict[str, float]:
     """max |x| of every float32 tensor of `model` over the first `samples` batches of `data`
-    (a qdqgraph.data.CalibrationData)."""
-    from .. import io
-    from ..runtime import session
-    graph = gs.import_onnx(model)
-    view = GraphView(graph)
+    (a qdqgraph.data.CalibrationData). `graph`: the graph `model` was exported from, if at hand
+    (saves reading the model back)."""
+    view = GraphView(graph if graph is not None else gs.import_onnx(model))
     names = [t.name for t in view.tensors.values()
              if isinstance(t, gs.Variable) and t.inputs and not view.used_in_subgraph(t)
              and view.dtype(t) is not None and np.dtype(view.dtype(t)) == F32]

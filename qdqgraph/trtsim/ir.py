@@ -64,6 +64,7 @@ class SNode:
     origin: list[str] = field(default_factory=list)
     int8: bool = False                 # an op that propagation moved into the INT8 region
     moved_by: str | None = None        # the propagation rule that did it
+    key: tuple = field(default=(), compare=False, repr=False)   # natural_key(name), set by SimGraph.add
 
 
 @dataclass
@@ -188,11 +189,11 @@ class SimGraph:
 
     def _add_use(self, tensor: str, node: SNode, index: int) -> None:
         uses = self._consumers.setdefault(tensor, [])
-        key = (natural_key(node.name), index)
+        key = (node.key, index)
         lo, hi = 0, len(uses)
         while lo < hi:
             mid = (lo + hi) // 2
-            if (natural_key(uses[mid][0].name), uses[mid][1]) < key:
+            if (uses[mid][0].key, uses[mid][1]) < key:
                 lo = mid + 1
             else:
                 hi = mid
@@ -306,7 +307,7 @@ class SimGraph:
             indeg[n.name] = len(preds)
             for p in preds:
                 succ.setdefault(p, []).append(n.name)
-        heap = [(natural_key(k), k) for k, d in indeg.items() if d == 0]
+        heap = [(self.nodes[k].key, k) for k, d in indeg.items() if d == 0]
         heapq.heapify(heap)
         out = []
         while heap:
@@ -315,7 +316,7 @@ class SimGraph:
             for s in succ.get(name, ()):
                 indeg[s] -= 1
                 if indeg[s] == 0:
-                    heapq.heappush(heap, (natural_key(s), s))
+                    heapq.heappush(heap, (self.nodes[s].key, s))
         if len(out) != len(self.nodes):
             raise ValueError("the graph has a cycle")
         self._order = out
@@ -373,6 +374,7 @@ class SimGraph:
 
     def add(self, node: SNode) -> SNode:
         assert node.name not in self.nodes, node.name
+        node.key = natural_key(node.name)
         self.nodes[node.name] = node
         self._link(node)
         self.touch()

@@ -8,7 +8,7 @@ import heapq
 from ..ops import DEQUANTIZE
 from ..rulebook.match import Context
 from .conditions import evaluate, op_matches
-from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode, natural_key
+from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
 
@@ -111,7 +111,7 @@ def try_merge(g: SimGraph, rules: SimRuleSet, trace: Trace, node: SNode) -> bool
             continue
         group = [c for c, i in g.consumers(node.inputs[0])
                  if i == 0 and c.role == node.role and c.qp.same(node.qp)]
-        group.sort(key=lambda n: natural_key(n.name))
+        group.sort(key=lambda n: n.key)
         keep, rest = group[0], group[1:]
         for other in rest:
             if g.is_graph_output(other.outputs[0]) and g.is_graph_output(keep.outputs[0]):
@@ -164,7 +164,7 @@ def _move_q_above(g: SimGraph, x: SNode, rule_id: str, trace: Trace) -> None:
     on x's outputs disappear. Any other consumer (which the R5 guards normally rule out) reads a
     DQ of the now-INT8 output, so a rule file without guards still gives a valid graph."""
     consumers = {c.name: c for o in x.outputs if o for c, _ in g.consumers(o)}
-    qs = sorted((c for c in consumers.values() if c.role == Q), key=lambda n: natural_key(n.name))
+    qs = sorted((c for c in consumers.values() if c.role == Q), key=lambda n: n.key)
     keep = qs[0]
     same = [q for q in qs if q.qp.same(keep.qp)]
     others = {o: [(c, i) for c, i in g.consumers(o) if c not in same] for o in x.outputs if o}
@@ -216,7 +216,7 @@ def try_dq_forward(g: SimGraph, rules: SimRuleSet, trace: Trace, x: SNode) -> bo
 
 
 def _move_dq_below(g: SimGraph, x: SNode, dqs: list[SNode], rule_id: str, trace: Trace) -> None:
-    dqs = sorted({d.name: d for d in dqs}.values(), key=lambda n: natural_key(n.name))
+    dqs = sorted({d.name: d for d in dqs}.values(), key=lambda n: n.key)
     first = dqs[0]
     origin = []
     for d in dqs:
@@ -265,7 +265,7 @@ def propagate(g: SimGraph, rules: SimRuleSet, trace: Trace, bound: int | None = 
             for k in range(len(_TRIES)):
                 if n.name not in queued[k]:
                     queued[k].add(n.name)
-                    heapq.heappush(queues[k], (p, natural_key(n.name), n.name))
+                    heapq.heappush(queues[k], (p, n.key, n.name))
 
     def step(k: int, node: SNode) -> None:
         nonlocal steps
