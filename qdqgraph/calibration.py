@@ -24,6 +24,7 @@ from .data import CalibrationData
 from .errors import QdqError
 from .placement.plan import Plan
 from .prepare import prepare, read_data
+from .progress import stage
 
 FORMATS = ("json", "tensorrt", "state")
 
@@ -45,19 +46,20 @@ class Calibration:
     def per_tensor(self) -> dict[str, float]:
         return {t: self.amax[rep] for rep, members in self.groups.items() for t in members if rep in self.amax}
 
-    def save(self, path, format: str = "json") -> None:
-        """Write a qdqgraph JSON cache, a TensorRT calibration cache, or the states (to merge)."""
+    def save(self, path, format: str = "json", force: bool = True) -> None:
+        """Write a qdqgraph JSON cache, a TensorRT calibration cache, or the states (to merge); an
+        existing file is replaced only with `force` (qdqgraph.outputs)."""
         if format not in FORMATS:
             raise QdqError(f"unknown calibration format {format!r}", f"use one of {', '.join(FORMATS)}")
         if format == "state":
             if self.states is None:
                 raise QdqError("this calibration kept no states to save", "calibrate with keep_states=True or a shard")
-            save_states(path, self.states, self.groups, self.samples, self.model_id, shard=self.shard)
+            save_states(path, self.states, self.groups, self.samples, self.model_id, shard=self.shard, force=force)
         elif format == "tensorrt":
             algo = "EntropyCalibration2" if self.method == "entropy" else "MinMaxCalibration"
-            cache_files.write_tensorrt(path, self.per_tensor(), algo=algo)
+            cache_files.write_tensorrt(path, self.per_tensor(), algo=algo, force=force)
         else:
-            cache_files.write_json(path, self.per_tensor(), self.method, self.samples)
+            cache_files.write_json(path, self.per_tensor(), self.method, self.samples, force=force)
 
 
 def model_id(model) -> str:
@@ -137,6 +139,7 @@ def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config:
         groups = {rep: members for rep, members in groups.items() if rep in only}
     if not groups:
         return Calibration({}, method=config.method)
+    stage(progress, "calibrating", data.count)
     got = collect(loaded, groups, data, method="entropy" if keep_states else config.method,
                   batch_size=config.batch_size, providers=list(config.providers) if config.providers else None,
                   progress=progress, lanes=config.lanes)

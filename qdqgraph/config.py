@@ -37,9 +37,10 @@ def onnx_op_types() -> frozenset[str]:
 def _int(name: str, value, minimum: int, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise QdqError(f"{name} must be an integer of at least {minimum}, got {value!r}",
-                       f"pass {name} {minimum}" + (" or more" if minimum else ""))
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QdqError(f"{name} must be a whole number, got {value!r}", f"pass {name} {minimum} or more")
+    if value < minimum:
+        raise QdqError(f"{name} must be at least {minimum}, got {value}", f"pass {name} {minimum} or more")
 
 
 def _number(name: str, value, low: float | None = None, high: float | None = None, low_open: bool = False,

@@ -119,8 +119,10 @@ def parser_errors(parser) -> list[str]:
 
 def build(model: str | os.PathLike, plan: str | os.PathLike, *, profiles: dict[str, InputProfile],
           layer_info: str | os.PathLike | None = None, timing_cache: str | os.PathLike | None = None,
-          workspace_mb: int | None = None, verbose: bool = False) -> BuildResult:
-    """Build `model` into the serialized engine `plan` (written atomically)."""
+          workspace_mb: int | None = None, verbose: bool = False, force: bool = True) -> BuildResult:
+    """Build `model` into the serialized engine `plan`. The engine and the layer information are
+    written by qdqgraph's output policy (qdqgraph.outputs; an existing file replaced only with
+    `force`); the timing cache, read and updated, is always replaced."""
     import time
     trt = import_tensorrt()
     t0 = time.perf_counter()
@@ -154,7 +156,7 @@ def build(model: str | os.PathLike, plan: str | os.PathLike, *, profiles: dict[s
         raise QdqError("TensorRT could not build the engine: " + ("; ".join(log.errors[-3:]) or "no detail given"),
                        "rerun with --verbose for TensorRT's log")
     data = bytes(serialized)
-    write_bytes_atomic(Path(plan), data)
+    write_bytes_atomic(Path(plan), data, force)
     if cache is not None:
         write_bytes_atomic(Path(timing_cache), bytes(cache.serialize()))
     out = BuildResult(Path(plan), str(trt.__version__), strongly, seconds=time.perf_counter() - t0)
@@ -162,7 +164,7 @@ def build(model: str | os.PathLike, plan: str | os.PathLike, *, profiles: dict[s
         runtime = trt.Runtime(log.logger)
         engine = runtime.deserialize_cuda_engine(data)
         info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
-        io.write_text_atomic(Path(layer_info), json.dumps(json.loads(info), indent=1) + "\n")
+        io.write_text_atomic(Path(layer_info), json.dumps(json.loads(info), indent=1) + "\n", force)
         out.layer_info = Path(layer_info)
     return out
 

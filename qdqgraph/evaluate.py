@@ -17,6 +17,7 @@ from . import io
 from .data import CalibrationData
 from .ops import DEQUANTIZE, QUANTIZE
 from .prepare import model_inputs
+from .progress import stage, step
 from .runtime import graph_session
 
 
@@ -121,8 +122,10 @@ def _looks_like_logits(shape) -> bool:
 
 
 def compare(float_model, quant_model, data: CalibrationData | None = None, calib=None,
-            samples: int | None = None, tensors: bool = True, preprocess: str | None = None) -> Comparison:
-    """Run both models over `data` (or `calib`, read like calibration data) and compare."""
+            samples: int | None = None, tensors: bool = True, preprocess: str | None = None,
+            progress=None) -> Comparison:
+    """Run both models over `data` (or `calib`, read like calibration data) and compare.
+    `progress`: see qdqgraph.progress."""
     from .data import read_arrays
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
     if data is None:
@@ -145,6 +148,7 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     t_acc = {f: _Acc() for f, _ in pairs}
     q_inputs = {t.name for t in q_graph.inputs}
     n = 0
+    stage(progress, "comparing", data.count)
     for feed in data.batches(1):
         fv = dict(zip(f_names, f_sess.run(f_names, feed)))
         qv = q_sess.run(q_names, {k: v for k, v in feed.items() if k in q_inputs})  # fixed inputs are gone
@@ -154,6 +158,7 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         for (f, _), q in zip(pairs, qv[len(outs):]):
             t_acc[f].add(fv[f], q, False)
         n += 1
+        step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
                       [t_acc[f].result(f) for f, _ in pairs])
 

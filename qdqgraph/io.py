@@ -93,13 +93,21 @@ def _write_external(model: onnx.ModelProto, path: Path, location: str) -> None:
     load_external_data_for_model(model, str(Path(path).parent))
 
 
-def read_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Read an ONNX file with its external data, or raise a QdqError that says what is wrong."""
+def require_model_file(path) -> Path:
+    """The model path, if it names a file that exists (a QdqError otherwise)."""
     p = Path(path)
     if not p.exists():
         raise QdqError(f"model file not found: {p}", "check the path")
     if p.is_dir():
         raise QdqError(f"{p} is a folder, not an ONNX file", "pass the .onnx file inside it")
+    if not os.access(p, os.R_OK):
+        raise QdqError(f"cannot read {p}: permission denied", "check the file's permissions")
+    return p
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Read an ONNX file with its external data, or raise a QdqError that says what is wrong."""
+    p = require_model_file(path)
     try:
         model = onnx.load(str(p), load_external_data=True)
     except Exception as e:  # protobuf raises DecodeError, onnx raises ValidationError or OSError

@@ -126,7 +126,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     inserted = None
     if cfg.fallback and plan.activation_sites():
         with report.stage("sensitivity"):
-            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report)
+            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress)
     with report.stage("insert"):
         if inserted is None:
             if means is not None:
@@ -176,7 +176,7 @@ class _Inserted:
 
 
 def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
-              report: InsertReport):
+              report: InsertReport, progress=None):
     """Measure each quantized unit's sensitivity on a Q/DQ copy of the graph, choose the units to
     return to float, and plan again without them, in memory. Returns (plan, amax, inserted): the
     trial copy stands as the inserted graph when nothing goes back to float."""
@@ -184,7 +184,7 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     bias = [correct_biases(trial, plan, means)] if means is not None else []
     trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
-                             cfg.sensitivity_samples, stop_above_db=cfg.accuracy_budget)
+                             cfg.sensitivity_samples, stop_above_db=cfg.accuracy_budget, progress=progress)
     chosen, final_db = choose_fallback(sens, evaluate, cfg.accuracy_budget, cfg.max_float_layers)
     gains = {u.node: u.gain_db for u in sens.units}
     report.fallback = {"budget_db": cfg.accuracy_budget, "max_float_layers": cfg.max_float_layers,

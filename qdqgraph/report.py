@@ -141,7 +141,9 @@ class InsertReport:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, default=_jsonable)
 
-    def summary(self, max_examples: int = 3) -> str:
+    def summary(self, max_examples: int = 3, warnings: bool = True) -> str:
+        """The lines the CLI prints; `warnings=False` leaves the warnings out (the CLI writes them
+        to stderr)."""
         lines = []
         if self.opset_raised_from:
             lines.append(f"opset raised from {self.opset_raised_from} to 13 (per-channel Q/DQ needs it)")
@@ -199,7 +201,7 @@ class InsertReport:
                 lines.append(f"  float: {n} (+{gain:.1f} dB alone)")
         for n in self.notes:
             lines.append(f"note: {n}")
-        for w in self.warnings:
+        for w in (dict.fromkeys(self.warnings) if warnings else ()):
             lines.append(f"warning: {w}")
         if self.output:
             lines.append(f"wrote {self.output}")

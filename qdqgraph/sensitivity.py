@@ -26,6 +26,7 @@ from . import io
 from .data import CalibrationData
 from .runtime import graph_session
 from .ops import DEQUANTIZE, IDENTITY, IF, QUANTIZE
+from .progress import stage, step
 from .placement.plan import Plan
 
 
@@ -133,7 +134,7 @@ def _feed(batch: dict, flags: dict, on: set[str]) -> dict:
 
 
 def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: CalibrationData, samples: int = 8,
-            stop_above_db: float | None = None) -> tuple:
+            stop_above_db: float | None = None, progress=None) -> tuple:
     """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float.
     `quant_model`: the Q/DQ model insert_qdq made for `plan` (a ModelProto, or its graph as a
     Loaded). With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it."""
@@ -169,11 +170,13 @@ def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: Calibrat
     all_db = sqnr_with_float(set())
     report = Sensitivity(min(seen, samples), all_db)
     skip = stop_above_db is not None and all_db >= stop_above_db
+    stage(progress, "sensitivity", 0 if skip else len(units), unit="unit")
     for u in ([] if skip else sorted(units)):
         only_q = _sqnr(ref, flat(run({u})))
         only_f = sqnr_with_float({u})
         d = plan.decisions[u]
         report.units.append(UnitSensitivity(u, d.op, d.rule or "", only_q, only_f, only_f - all_db))
+        step(progress)
     report.runs = runs
     report.seconds = time.perf_counter() - start
     return report, sqnr_with_float

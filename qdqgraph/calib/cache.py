@@ -84,7 +84,7 @@ def _bad(path, line: int, what: str) -> ValueError:
 
 
 # ------------------------------------------------------------------------------------------ JSON
-def write_json(path, amaxes: dict, method: str, samples: int) -> None:
+def write_json(path, amaxes: dict, method: str, samples: int, force: bool = True) -> None:
     """Write qdqgraph's JSON cache of `amaxes` (tensor name -> amax), atomically."""
     from .. import __version__
     tensors = {}
@@ -95,7 +95,7 @@ def write_json(path, amaxes: dict, method: str, samples: int) -> None:
         raise ValueError(f"samples must be a non-negative integer, got {samples!r}")
     doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "tool_version": str(__version__),
            "method": str(method), "samples": int(samples), "tensors": tensors}
-    io.write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False, ensure_ascii=False) + "\n")
+    io.write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False, ensure_ascii=False) + "\n", force)
 
 
 def _json_line(text: str, key: str | None) -> int:
@@ -143,7 +143,8 @@ def read_json(path) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------- TensorRT
-def write_tensorrt(path, amaxes: dict, algo: str = "EntropyCalibration2", trt_version: int = 100900) -> None:
+def write_tensorrt(path, amaxes: dict, algo: str = "EntropyCalibration2", trt_version: int = 100900,
+                   force: bool = True) -> None:
     """Write a TensorRT calibration cache (scale = amax/127 per tensor, zero amax as `0`), atomically.
 
     `trt_version` is TensorRT's version integer (``100900`` for 10.9.0, ``8601`` for 8.6.1)."""
@@ -160,7 +161,7 @@ def write_tensorrt(path, amaxes: dict, algo: str = "EntropyCalibration2", trt_ve
             raise ValueError(f"amax of tensor {name!r} ({a!r}) overflows a float32 scale")
         scale = np.float32(a / INT8_MAX)
         lines.append(f"{name}: {scale_to_hex(scale)}")
-    io.write_text_atomic(path, "\n".join(lines) + "\n")
+    io.write_text_atomic(path, "\n".join(lines) + "\n", force)
 
 
 def read_tensorrt(path) -> dict[str, float]:

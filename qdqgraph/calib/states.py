@@ -14,11 +14,11 @@ VERSION = 1
 
 
 def save_states(path, states: dict[str, RangeState], groups: dict[str, list[str]], samples: int,
-                model_id: str, shard: str | None = None) -> None:
+                model_id: str, shard: str | None = None, force: bool = True) -> None:
     doc = {"format": FORMAT, "version": VERSION, "tool_version": __version__, "model": model_id,
            "samples": samples, "shard": shard, "groups": groups,
            "states": {rep: st.to_dict() for rep, st in sorted(states.items())}}
-    io.write_text_atomic(path, json.dumps(doc) + "\n")
+    io.write_text_atomic(path, json.dumps(doc) + "\n", force)
 
 
 def load_states(path) -> dict:

@@ -1,0 +1,91 @@
+"""The `qdqgraph` command: thin; each subcommand parses its arguments (shared argument groups in
+args.py, checked into a QuantizeConfig before any work), calls the API and prints.
+
+Exit codes: 0 done, 2 bad input or usage (one line on stderr naming the problem and the fix), 1 an
+internal error (one line; the traceback with --debug), 3 `report --strict` with findings, 130
+interrupted. Warnings go to stderr, each once, prefixed `qdqgraph: warning:`.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+from .. import outputs
+from ..errors import QdqError
+from . import build, calibrate, compare, example, insert, report, strip
+from .args import Formatter, Parser
+from .messages import reset, warn
+
+
+def build_parser() -> Parser:
+    ap = Parser(prog="qdqgraph", formatter_class=Formatter,
+                description="Float ONNX to TensorRT-ready explicit-quantization (Q/DQ) ONNX.",
+                epilog="Run `qdqgraph COMMAND --help` for a command's options and examples.")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    ap.add_argument("--version", action="version", version=f"qdqgraph {_version()}")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+    for module in (insert, calibrate, report, compare, example, strip, build):
+        module.add(sub)
+    return ap
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def _quiet_onnxruntime() -> None:
+    """onnxruntime logs graph-optimizer notes at warning level to the terminal, in colour and
+    before qdqgraph's own lines; only its errors are of use here."""
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover - a dependency
+        return
+    ort.set_default_logger_severity(3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    if debug:
+        argv.remove("--debug")
+    reset()
+    written_before = len(outputs.written())
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        warn(str(message))
+    old_show = warnings.showwarning
+    warnings.showwarning = show_warning
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command != "example":
+            _quiet_onnxruntime()
+        return args.run(args)
+    except QdqError as e:
+        if debug:
+            raise
+        print(f"qdqgraph: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        done = outputs.written()[written_before:]
+        if done:
+            print(f"qdqgraph: interrupted after writing {', '.join(str(p) for p in done)}", file=sys.stderr)
+        else:
+            print("qdqgraph: interrupted; no output was written", file=sys.stderr)
+        return 130
+    except SystemExit as e:            # --help and --version exit through argparse
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    except Exception as e:  # a bug in qdqgraph: one line, the traceback with --debug
+        if debug:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"qdqgraph: internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback "
+              f"and report it)", file=sys.stderr)
+        return 1
+    finally:
+        warnings.showwarning = old_show
+
+
+__all__ = ["main", "build_parser", "warn"]

@@ -1,0 +1,114 @@
+"""`qdqgraph insert`: float ONNX in, TensorRT-ready Q/DQ ONNX out."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import outputs
+from ..errors import QdqError
+from . import args as a
+from .messages import warn_all
+from .progress import bars
+
+EXAMPLES = """examples:
+  qdqgraph insert model.onnx --calib data.npz                    # writes model.qdq.onnx beside it
+  qdqgraph insert model.onnx --calib images/ --preprocess "resize=256,crop=224,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"
+  qdqgraph insert model.onnx --calib-cache calib.json -o out.onnx --report report.json
+  qdqgraph insert model.onnx --calib data.npz --accuracy-budget 30 --max-float-layers 5
+  qdqgraph insert model.onnx --calib data.npz --exclude-op Softmax --include-node 'attn/.*'
+"""
+
+
+def add(sub) -> None:
+    p = sub.add_parser("insert", help="float ONNX in, TensorRT-ready Q/DQ ONNX out", formatter_class=a.Formatter,
+                       description="Place Q/DQ by TensorRT's rules, calibrate, and write MODEL.qdq.onnx.",
+                       epilog=EXAMPLES)
+    g = p.add_argument_group("input")
+    g.add_argument("model", help="float ONNX model")
+    g = a.add_calibration(p)
+    g.add_argument(
+        "--calib-cache", metavar="FILE", help="ranges from a qdqgraph JSON or TensorRT calibration cache (with "
+                                              "--calib, what it lacks is calibrated from the data)")
+    a.add_placement(p)
+    g = p.add_argument_group("precision")
+    g.add_argument("--weights", default="int8", choices=list(a.WEIGHT_FORMATS),
+                   help="int8: INT8 initializer + DequantizeLinear; qdq: float weight + Q->DQ")
+    g.add_argument("--high-precision", default="fp16", choices=list(a.HIGH_PRECISIONS),
+                   help="type of the parts that stay float (TensorRT runs a strongly typed network in the "
+                        "types the ONNX gives)")
+    g.add_argument("--smooth-quant", type=float, nargs="?", const=a.DEFAULT_SMOOTH_ALPHA, metavar="ALPHA",
+                   help=f"migrate activation outliers of quantized MatMul/Gemm inputs into their weights "
+                        f"(SmoothQuant; ALPHA in [0, 1], {a.DEFAULT_SMOOTH_ALPHA} when omitted)")
+    g.add_argument("--bias-correction", action="store_true",
+                   help="fold the mean output shift of INT8 weights into the biases (measured on --calib)")
+    g = p.add_argument_group("accuracy")
+    g.add_argument("--accuracy-budget", type=float, metavar="SQNR_DB",
+                   help="return the most sensitive nodes to float until the output SQNR against float reaches "
+                        "this many dB (measured on --sensitivity-samples calibration samples)")
+    g.add_argument("--max-float-layers", type=int, metavar="K", help="at most K nodes returned to float")
+    g.add_argument("--sensitivity-samples", type=int, default=a.DEFAULT_SENSITIVITY_SAMPLES, metavar="N",
+                   help="samples the sensitivity analysis runs on")
+    g.add_argument("--verify", type=int, default=8, metavar="N",
+                   help="compare float and quantized outputs on the first N calibration samples (0 = off)")
+    g = p.add_argument_group("deployment (TensorRT and a GPU)")
+    g.add_argument("--engine", metavar="MODEL.plan", help="also build a TensorRT engine from the output")
+    a.add_shapes(p)
+    a.add_engine(p)
+    a.add_runtime(p)
+    g = a.add_output(p)
+    g.add_argument("-o", "--output", metavar="OUT.onnx", help="the Q/DQ model (default: MODEL.qdq.onnx beside the input)")
+    g.add_argument("--report", metavar="REPORT.json", help="write the placement and calibration report as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from .. import io
+    from ..pipeline import default_output, quantize
+    config = a.config(args)                          # every option checked before any work
+    a.at_least(args.verify, "--verify", 0)
+    a.at_least(args.max_batch, "--max-batch", 1)
+    a.at_least(args.workspace, "--workspace", 1)
+    if args.calib is None and args.calib_cache is None:
+        raise QdqError("no calibration data given",
+                       "pass --calib DATA.npz, --calib-cache FILE, or --calib random (scales then mean nothing)")
+    io.require_model_file(args.model)
+    plan = outputs.Plan(args.force, inputs=[args.model, *args.rules, args.calib_cache,
+                                            args.calib if args.calib != "random" else None])
+    out = plan.output(args.output or default_output(args.model), "output model")
+    report_path = plan.output(args.report, "--report")
+    if args.engine:                                 # fail before any work when the engine cannot be built
+        from ..engine import import_tensorrt
+        plan.output(args.engine, "--engine")
+        plan.output(args.layer_info, "--layer-info")
+        import_tensorrt()
+    if config.providers:
+        a.check_providers(config.providers)
+    progress = bars(args)
+    try:
+        result = quantize(args.model, args.calib, config=config, calib_cache=args.calib_cache, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
+    result.report.output = str(written[0])
+    if report_path:
+        outputs.write_text(report_path, result.report.to_json(), force=args.force)
+    if not args.quiet:
+        print(result.report.summary(warnings=False))
+    warn_all(result.report.warnings)
+    if not args.quiet and args.verify > 0 and args.calib is not None and args.calib != "random":
+        from ..evaluate import compare
+        progress = bars(args)
+        try:
+            print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,
+                          preprocess=args.preprocess, progress=progress).table())
+        finally:
+            if progress is not None:
+                progress.close()
+    if args.engine:
+        from ..prepare import read_data
+        from .build import build_and_diff
+        loaded = io.load(written[0])
+        loaded.fixed_inputs = tuple(config.fixed)    # the written model lacks them
+        data = read_data(loaded, args.calib, config) if args.calib and args.calib != "random" else None
+        build_and_diff(written[0], Path(args.engine), args, loaded, data)
+    return 0

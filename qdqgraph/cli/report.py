@@ -1,0 +1,53 @@
+"""`qdqgraph report`: what TensorRT is predicted to build from any Q/DQ model, and the linter."""
+from __future__ import annotations
+
+from .. import outputs
+from . import args as a
+
+EXAMPLES = """examples:
+  qdqgraph report model.qdq.onnx                          # layers, precisions, reformats, findings
+  qdqgraph report model.qdq.onnx --json sim.json --graph fused.onnx
+  qdqgraph report model.qdq.onnx --against layers.json    # trtexec --exportLayerInfo, diffed
+  qdqgraph report model.qdq.onnx --strict                 # exit 3 when the linter finds a problem
+"""
+
+
+def add(sub) -> None:
+    p = sub.add_parser("report", help="predict TensorRT's layers, precisions and reformats for any Q/DQ model",
+                       formatter_class=a.Formatter, epilog=EXAMPLES,
+                       description="Simulate TensorRT's explicit-quantization optimizer (Q/DQ propagation and "
+                                   "fusion) on a Q/DQ ONNX model, lint its placement, and with --against diff "
+                                   "the prediction against a real engine's layer information.")
+    g = p.add_argument_group("input")
+    g.add_argument("model", help="a Q/DQ ONNX model (qdqgraph's, Model Optimizer's, onnxruntime's, a QAT export)")
+    g.add_argument("--against", metavar="LAYERS.json",
+                   help="TensorRT layer information (trtexec --exportLayerInfo, or the engine inspector's JSON)")
+    g = a.add_output(p)
+    g.add_argument("--json", metavar="FILE", help="write the simulation report as JSON")
+    g.add_argument("--graph", metavar="FILE", help="write the fused-layer graph as ONNX (opens in Netron)")
+    g.add_argument("--strict", action="store_true", help="exit 3 when the linter finds a problem")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from .. import io
+    from ..placement import load_ruleset
+    from ..trtsim import diff, lint, read_engine_report, simulate
+    io.require_model_file(args.model)
+    plan = outputs.Plan(args.force, inputs=[args.model, args.against])
+    json_path = plan.output(args.json, "--json")
+    graph_path = plan.output(args.graph, "--graph")
+    engine = read_engine_report(args.against) if args.against else None
+    loaded = io.load(args.model)
+    sim = simulate(loaded.graph)
+    diagnostics = lint(loaded.graph, sim, region=load_ruleset().region)
+    print(sim.table().splitlines()[-1] if args.quiet else sim.table())
+    for d in diagnostics:
+        print(d)
+    if engine is not None:
+        print(diff(sim, engine).table())
+    if json_path:
+        outputs.write_text(json_path, sim.to_json() + "\n", force=args.force)
+    if graph_path:
+        io.save(sim.to_onnx(), graph_path, force=args.force)
+    return 3 if args.strict and diagnostics else 0
