@@ -25,6 +25,7 @@ from .errors import QdqError
 from .placement.plan import Plan
 from .prepare import prepare, read_data
 from .progress import stage
+from .runtime import register_custom_ops
 
 FORMATS = ("json", "tensorrt", "state")
 
@@ -155,6 +156,8 @@ def calibrate(model, calib, *, config: QuantizeConfig | None = None, shard: tupl
     cfg = config_from(config, **options)
     if calib is None:
         raise QdqError("no calibration data given", "pass --calib DATA.npz")
+    for lib in cfg.custom_op_libraries:
+        register_custom_ops(lib)
     loaded, plan = prepare(model, cfg)
     data = read_data(loaded, calib, cfg)
     if shard is not None:

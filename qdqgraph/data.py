@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import copy
+import os
 import warnings
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -19,6 +22,8 @@ import numpy as np
 from .errors import QdqError
 
 META_KEYS = ("__meta__",)
+# said once for --calib random (the pipeline's report says the same words: the CLI says them once)
+RANDOM_WARNING = "calibrated on random data: the scales say nothing about accuracy"
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,42 @@ class InputSpec:
     shape: tuple  # ints for static dims, str or None for dynamic ones
 
 
+NPZ_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")     # a zip archive (the second: one with no arrays)
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def _head(path: Path, what: str, fix: str) -> bytes:
+    """The first bytes of a data file; a file that cannot be read is a QdqError that says why."""
+    if not os.access(path, os.R_OK):
+        raise QdqError(f"cannot read {path}: permission denied", "check the file's permissions")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except PermissionError:
+        raise QdqError(f"cannot read {path}: permission denied", "check the file's permissions") from None
+    except OSError as e:
+        raise QdqError(f"{path} cannot be read as {what} ({e.strerror or e})", fix) from None
+    if not head:
+        raise QdqError(f"{path} is empty, not {what}", fix)
+    return head
+
+
+def _read_failed(path: Path, e: Exception, what: str, fix: str) -> QdqError:
+    if isinstance(e, PermissionError):
+        return QdqError(f"cannot read {path}: permission denied", "check the file's permissions")
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return QdqError(f"{path} is not a readable {what}: it may be truncated or corrupt ({first})", fix)
+
+
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    fix = "write it again with np.savez"
+    head = _head(path, "an .npz file", fix)
+    if head.startswith(NPY_MAGIC):
+        raise QdqError(f"{path} is a .npy file (one array), not an .npz", "rename it to .npy, or save one array "
+                       "per model input with np.savez")
+    if not head.startswith(NPZ_MAGIC):
+        raise QdqError(f"{path} is not an .npz file (it does not start with the zip signature PK\\x03\\x04)",
+                       "write calibration data with np.savez (one array per model input)")
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files if k not in META_KEYS}
@@ -36,19 +76,42 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
         if "pickle" in str(e).lower():
             raise QdqError(f"{path} holds pickled (object) arrays, which qdqgraph never loads",
                            "save plain numeric arrays with np.savez") from None
-        raise QdqError(f"{path} is not a readable .npz file ({e})", "write it with np.savez") from None
-    except (OSError, EOFError) as e:
-        raise QdqError(f"{path} is not a readable .npz file ({e})", "write it with np.savez") from None
+        raise _read_failed(path, e, ".npz file", fix) from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as e:
+        raise _read_failed(path, e, ".npz file", fix) from None
 
 
 def _load_npy(path: Path) -> np.ndarray:
+    fix = "write it again with np.save"
+    head = _head(path, "a .npy file", fix)
+    if head.startswith(NPZ_MAGIC):
+        raise QdqError(f"{path} is an .npz archive, not a .npy file", "rename it to .npz")
+    if not head.startswith(NPY_MAGIC):
+        raise QdqError(f"{path} is not a .npy file (it does not start with the signature \\x93NUMPY)",
+                       "write calibration data with np.save (or np.savez for several inputs)")
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as e:
-        raise QdqError(f"{path} holds pickled (object) data or is not a .npy file ({e})",
-                       "save plain numeric arrays with np.save") from None
+        if "pickle" in str(e).lower():
+            raise QdqError(f"{path} holds pickled (object) data, which qdqgraph never loads",
+                           "save plain numeric arrays with np.save") from None
+        raise _read_failed(path, e, ".npy file", fix) from None
     except (OSError, EOFError) as e:
-        raise QdqError(f"{path} is not a readable .npy file ({e})", "write it with np.save") from None
+        raise _read_failed(path, e, ".npy file", fix) from None
+
+
+def numeric(dtype) -> bool:
+    """Whether qdqgraph can feed an input of this dtype: numbers and booleans (bfloat16 and the
+    float8 types included, numpy kind 'V'), not strings or objects."""
+    return np.dtype(dtype).kind not in "OSU"
+
+
+def require_numeric(inputs: list[InputSpec], why: str = "qdqgraph calibrates numeric inputs only",
+                    fix: str = "pass ranges calibrated elsewhere with --calib-cache FILE") -> None:
+    """Refuse a model with a string (or other non-numeric) input, which qdqgraph cannot feed."""
+    for s in inputs:
+        if not numeric(s.dtype):
+            raise QdqError(f"input '{s.name}' is a string tensor: {why}", fix)
 
 
 def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: str | None = None,
@@ -69,6 +132,7 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
             raise QdqError(f"image calibration needs a model with one float input; this one has "
                            f"{', '.join(i.name for i in inputs)}", "write an .npz with one array per input")
         return read_image_folder(Path(source), parse_preprocess(preprocess), inputs[0].name)
+    require_numeric(inputs)
     if isinstance(source, dict):
         arrays = {k: np.asarray(v) for k, v in source.items() if k not in META_KEYS}
     else:
@@ -76,7 +140,10 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
         if not path.exists():
             raise QdqError(f"calibration data not found: {path}", "check the --calib path")
         if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
+            try:
+                files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
+            except PermissionError:
+                raise QdqError(f"cannot read folder {path}: permission denied", "check its permissions") from None
             if not files:
                 raise QdqError(f"{path} holds no .npz or .npy files", "put calibration arrays in it")
             return [FileChunk(p, inputs, ignore) for p in files]  # one chunk per file, read when used
@@ -149,8 +216,9 @@ def _sample_view(spec: InputSpec, arr: np.ndarray) -> tuple[bool, int]:
 
 def check_sample(spec: InputSpec, x: np.ndarray) -> None:
     if x.dtype != spec.dtype:
+        require_numeric([spec])
         raise QdqError(f"calibration array '{spec.name}' is {x.dtype}; the model input wants {spec.dtype}",
-                       f"convert it with .astype(np.{spec.dtype.name})")
+                       f"convert it with .astype(np.{spec.dtype.type.__name__})")
     if spec.shape is not None:
         if x.ndim != len(spec.shape):
             raise QdqError(f"calibration sample for '{spec.name}' has shape {list(x.shape)}; "
@@ -169,6 +237,7 @@ class CalibrationData:
     (one per file of a folder: files may hold samples of different shapes for dynamic dims)."""
 
     def __init__(self, arrays, inputs: list[InputSpec], samples: int | None = None):
+        require_numeric(inputs)
         self.inputs = inputs
         self.chunks = list(arrays) if isinstance(arrays, (list, tuple)) else [arrays]
         self.views, sizes = [], []
@@ -246,8 +315,8 @@ class CalibrationData:
 def random_data(inputs: list[InputSpec], samples: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
     """Random samples for `--calib random` (dynamic dims set to 1); scales from these say nothing
     about accuracy."""
-    warnings.warn("calibrating on random data: the scales say nothing about accuracy on real inputs",
-                  stacklevel=2)
+    require_numeric(inputs, "qdqgraph cannot make random data for it")
+    warnings.warn(RANDOM_WARNING, stacklevel=2)
     rng = np.random.default_rng(seed)
     out = {}
     for s in inputs:

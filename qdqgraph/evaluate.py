@@ -8,13 +8,15 @@ error jumps can be named.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from . import io
-from .data import CalibrationData
+from .data import CalibrationData, require_numeric
+from .errors import QdqError
 from .ops import DEQUANTIZE, QUANTIZE
 from .prepare import model_inputs
 from .progress import stage, step
@@ -121,6 +123,30 @@ def _looks_like_logits(shape) -> bool:
     return shape is not None and len(shape) == 2 and isinstance(shape[-1], int) and shape[-1] > 1
 
 
+def _name(model, default: str) -> str:
+    return str(model) if isinstance(model, (str, os.PathLike)) else default
+
+
+def check_same_inputs(f_loaded: io.Loaded, q_loaded: io.Loaded, f_name: str, q_name: str) -> None:
+    """The quantized model must take the float model's inputs: the same names, element types and
+    ranks (it may lack inputs the float one has: --fix-input made them constants)."""
+    require_numeric(model_inputs(f_loaded.graph), "qdqgraph runs models on numeric inputs only",
+                    "compare models whose inputs are numbers")
+    f_inputs = {s.name: s for s in model_inputs(f_loaded.graph)}
+    for q in model_inputs(q_loaded.graph):
+        f = f_inputs.get(q.name)
+        if f is None:
+            raise QdqError(f"input '{q.name}' of {q_name} is not an input of {f_name} (its inputs: "
+                           f"{', '.join(f_inputs) or 'none'})",
+                           "compare a float model with its own quantized version (the same input names)")
+        if f.dtype != q.dtype:
+            raise QdqError(f"input '{q.name}' is {f.dtype} in {f_name} but {q.dtype} in {q_name}",
+                           "compare a float model with its own quantized version (the same input types)")
+        if f.shape is not None and q.shape is not None and len(f.shape) != len(q.shape):
+            raise QdqError(f"input '{q.name}' has rank {len(f.shape)} in {f_name} but rank {len(q.shape)} in "
+                           f"{q_name}", "compare a float model with its own quantized version (the same input shapes)")
+
+
 def compare(float_model, quant_model, data: CalibrationData | None = None, calib=None,
             samples: int | None = None, tensors: bool = True, preprocess: str | None = None,
             progress=None) -> Comparison:
@@ -128,6 +154,7 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     `progress`: see qdqgraph.progress."""
     from .data import read_arrays
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
+    check_same_inputs(f_loaded, q_loaded, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
     if data is None:
         inputs = model_inputs(f_loaded.graph)
         data = CalibrationData(read_arrays(calib, inputs, preprocess), inputs, samples)

@@ -16,11 +16,25 @@ _custom_op_libraries: list[str] = []
 
 
 def register_custom_ops(path: str) -> None:
+    """Check that onnxruntime can load the custom-op library at `path` (now, before any work), and
+    register it for every session made after. A library it cannot load is a QdqError and is not
+    registered."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise QdqError(f"custom op library not found: {p}", "pass the path of the shared library (.so)")
-    if str(p) not in _custom_op_libraries:
-        _custom_op_libraries.append(str(p))
+    if not p.is_file():
+        raise QdqError(f"custom op library {p} is not a file", "pass the path of the shared library (.so)")
+    if str(p) in _custom_op_libraries:
+        return
+    import onnxruntime as ort
+    try:
+        ort.SessionOptions().register_custom_ops_library(str(p))
+    except Exception as e:  # onnxruntime raises its own Fail (dlopen or RegisterCustomOps failed)
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        why = text.split(" with error: ", 1)[-1].removeprefix(f"{p}: ")
+        raise QdqError(f"onnxruntime cannot load the custom op library {p} ({why})",
+                       "pass a shared library (.so) built for this onnxruntime that exports RegisterCustomOps") from None
+    _custom_op_libraries.append(str(p))
 
 
 # onnxruntime's WeightBiasQuantization (a basic-level graph optimization since 1.20) rewrites

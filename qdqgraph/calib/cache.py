@@ -187,7 +187,7 @@ def read_tensorrt(path) -> dict[str, float]:
         except ValueError as e:
             raise _bad(path, no, f"bad scale for tensor {name!r}: {e}") from None
         if not (np.isfinite(scale) and scale >= 0):
-            raise _bad(path, no, f"scale of tensor {name!r} is {float(scale)!r}; it must be finite and >= 0")
+            raise _bad(path, no, f"scale of tensor {name!r} is {float(scale)!r} (it must be finite and >= 0)")
         if name in out:
             raise _bad(path, no, f"tensor {name!r} appears twice")
         out[name] = float(scale) * INT8_MAX + 0.0

@@ -13,7 +13,7 @@ import warnings
 from .. import outputs
 from ..errors import QdqError
 from . import build, calibrate, compare, example, insert, report, strip
-from .args import Formatter, Parser
+from .args import Formatter, Parser, UsageError
 from .messages import reset, warn
 
 
@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     old_show = warnings.showwarning
     warnings.showwarning = show_warning
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:                      # the command's own help, not the top-level one
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}", f"see `qdqgraph {args.command} --help`")
         if args.command != "example":
             _quiet_onnxruntime()
         return args.run(args)

@@ -50,6 +50,9 @@ def fix_inputs(graph: gs.Graph, fixed: dict[str, object]) -> PassResult:
         if t.dtype is None:
             raise QdqError(f"input '{name}' declares no element type, so it cannot be fixed",
                            "give the input a type in the model")
+        if np.dtype(t.dtype).kind in "OSU":
+            raise QdqError(f"--fix-input {name}: input '{name}' is a string tensor, and --fix-input takes numbers",
+                           "fix numeric inputs only (a model with a string input needs --calib-cache FILE)")
         a = np.asarray(value)
         with np.errstate(all="ignore"):
             cast = a.astype(t.dtype)

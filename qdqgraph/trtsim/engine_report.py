@@ -109,32 +109,48 @@ class EngineReport:
         return [x for x in self.layers if x.qdq_reformat]
 
 
-def _ports(items) -> list[tuple[str, str | None]]:
+_FIX = "pass the JSON of trtexec --exportLayerInfo (or of the engine inspector)"
+
+
+def _ports(items, where: str) -> list[tuple[str, str | None]]:
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise QdqError(f"{where}: \"Inputs\"/\"Outputs\" must be lists, not {type(items).__name__}", _FIX)
     out = []
-    for p in items or []:
+    for p in items:
         if isinstance(p, dict):
-            out.append((p.get("Name", ""), precision_of(p.get("Format/Datatype"))))
+            name, fmt = p.get("Name", ""), p.get("Format/Datatype")
+            if not isinstance(name, str) or not (fmt is None or isinstance(fmt, str)):
+                raise QdqError(f"{where}: a tensor's \"Name\" and \"Format/Datatype\" must be strings", _FIX)
+            out.append((name, precision_of(fmt)))
     return out
 
 
 def parse_engine_info(data, source: str = "") -> EngineReport:
+    where = source or "engine report"
     layers = data.get("Layers") if isinstance(data, dict) else data
     if not isinstance(layers, list):
-        raise QdqError(f"{source or 'engine report'}: no \"Layers\" list", "pass trtexec --exportLayerInfo JSON")
+        raise QdqError(f"{where}: no \"Layers\" list (not TensorRT layer information)", _FIX)
+    if not layers:
+        raise QdqError(f"{where} lists no layers", _FIX)
     out = []
-    for item in layers:
+    for k, item in enumerate(layers):
         if isinstance(item, str):
             out.append(EngineLayer(item, split_name(item), None, None))
-        elif isinstance(item, dict) and "Name" in item:
-            out.append(EngineLayer(item["Name"], split_name(item["Name"]), item.get("LayerType"), item.get("Origin"),
-                                   _ports(item.get("Inputs")), _ports(item.get("Outputs"))))
+        elif isinstance(item, dict) and isinstance(item.get("Name"), str):
+            at = f"{where}: layer {k} ({item['Name'][:60]})"
+            kind, origin = item.get("LayerType"), item.get("Origin")
+            if not (kind is None or isinstance(kind, str)) or not (origin is None or isinstance(origin, str)):
+                raise QdqError(f"{at}: \"LayerType\" and \"Origin\" must be strings", _FIX)
+            out.append(EngineLayer(item["Name"], split_name(item["Name"]), kind, origin,
+                                   _ports(item.get("Inputs"), at), _ports(item.get("Outputs"), at)))
         else:
-            raise QdqError(f"{source or 'engine report'}: a layer is neither a name nor an object with \"Name\"",
-                           "pass trtexec --exportLayerInfo JSON")
+            raise QdqError(f"{where}: layer {k} is neither a name nor an object with a string \"Name\"", _FIX)
     return EngineReport(out, source)
 
 
 def read_engine_report(path) -> EngineReport:
     p = Path(path)
-    data = io.read_json(p, "an engine report", "pass the file written by trtexec --exportLayerInfo")
+    data = io.read_json(p, "an engine report", _FIX)
     return parse_engine_info(data, str(p))
