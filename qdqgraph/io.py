@@ -110,6 +110,8 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     p = require_model_file(path)
     try:
         model = onnx.load(str(p), load_external_data=True)
+    except PermissionError as e:        # the model, or its external data
+        raise QdqError(f"cannot read {e.filename or p}: permission denied", "check the file's permissions") from e
     except Exception as e:  # protobuf raises DecodeError, onnx raises ValidationError or OSError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise QdqError(f"{p} is not a readable ONNX model ({first})",
@@ -243,11 +245,26 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True)
     except Exception as e:
         raise QdqError(f"the model could not be read as a graph ({str(e).splitlines()[0]})",
                        "check it with onnx.checker.check_model") from e
+    _materialize(graph)
     return Loaded(graph=graph, path=path, ir_version=model.ir_version,
                   producer_name=model.producer_name, producer_version=model.producer_version,
                   doc_string=model.doc_string,
                   metadata_props={p.key: p.value for p in model.metadata_props},
                   opset_raised_from=raised)
+
+
+def _materialize(graph: gs.Graph) -> None:
+    """Turn every constant's lazy value into its array now, and keep no reference into the
+    ModelProto: graphsurgeon holds each TensorProto until its value is first read, and the graph
+    holds the model's opset_import list, and any of them keeps the whole ModelProto (its weights
+    included) alive beside the arrays read from it. Each copy of the graph also read its own arrays."""
+    graph.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in graph.import_domains or []]
+    for g in [graph, *graph.subgraphs(recursive=True)]:
+        if g is not graph and g.import_domains is not None:
+            g.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in g.import_domains]
+        for t in g.tensors().values():
+            if isinstance(t, gs.Constant) and isinstance(getattr(t, "_values", None), gs.ir.tensor.LazyValues):
+                t.values  # noqa: B018 - reading it loads it
 
 
 def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: bool = True) -> onnx.ModelProto:
@@ -484,6 +501,14 @@ def read_json(path, what: str, fix: str):
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise QdqError(f"{what} not found: {p}", "check the path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise QdqError(f"{p} is not {what} ({e})", fix) from None
+        raise QdqError(f"{p} not found (it should be {what})", "check the path") from None
+    except IsADirectoryError:
+        raise QdqError(f"{p} is a folder, not {what}", fix) from None
+    except PermissionError:
+        raise QdqError(f"cannot read {p}: permission denied", "check the file's permissions") from None
+    except UnicodeDecodeError:
+        raise QdqError(f"{p} is not {what} (a binary file, not JSON text)", fix) from None
+    except json.JSONDecodeError as e:
+        raise QdqError(f"{p} is not {what} (not valid JSON: {e})", fix) from None
+    except (OSError, RecursionError) as e:
+        raise QdqError(f"{p} cannot be read as {what} ({getattr(e, 'strerror', None) or e})", fix) from None

@@ -195,3 +195,28 @@ def test_calibrate_with_fix_input_feeds_insert_from_cache(tmp_path):
                  "--quiet"]) == 0
     names = {n.name for n in onnx.load(out).graph.node}
     assert "else_conv" in names and "then_conv" not in names
+
+
+def test_a_plan_that_quantizes_nothing_says_why_and_names_the_fix_input():
+    """All compute inside If branches decided by an input that calibration holds constant (silero's
+    `sr`): the summary says the plan quantizes nothing and suggests --fix-input with the value."""
+    g = motifs.G("all_in_if")
+    g.input("x", ["n", 16, 8, 8])
+    g.input("mode", [], TensorProto.INT64)
+    cond = g.node("Equal", ["mode", g.const("one", np.array(1, np.int64))], name="is_one")
+    g.nodes.append(helper.make_node("If", [cond], ["y"], name="pick", then_branch=_branch("then", "x", 1),
+                                    else_branch=_branch("else", "x", 2)))
+    g.output("y")
+    m = g.model()
+    rng = np.random.default_rng(0)
+    data = {"x": rng.standard_normal((6, 1, 16, 8, 8)).astype(np.float32), "mode": np.ones(6, np.int64)}
+    r = qdqgraph.quantize(m, data)
+    text = r.report.summary()
+    assert "the plan quantizes nothing" in text
+    assert "--fix-input mode=1" in text and "If node pick" in text
+    # with the input fixed, the taken branch is quantized and nothing needs saying
+    fixed = qdqgraph.quantize(m, data, fixed_inputs={"mode": 1})
+    assert fixed.report.notes == [] and fixed.plan.decisions["then_conv"].quantized
+    # an input that varies over the data is no candidate
+    data["mode"][3] = 0
+    assert "--fix-input" not in qdqgraph.quantize(m, data).report.summary()

@@ -37,7 +37,7 @@ from .. import io
 from ..errors import QdqError
 from ..ops import CAST, vocabulary
 from ..rulebook.files import bundled, read_toml
-from ..runtime import session
+from ..runtime import graph_session
 from ..view import GraphView
 from .base import PassResult, result
 
@@ -326,16 +326,15 @@ def _short(dtype: np.dtype) -> str:
     return {np.dtype(np.float16): "fp16", np.dtype(ml_dtypes.bfloat16): "bf16", F32: "fp32"}[np.dtype(dtype)]
 
 
-def measure_ranges(model: onnx.ModelProto, data, samples: int = 4, providers=None,
-                   graph: gs.Graph | None = None) -> dict[str, float]:
-    """max |x| of every float32 tensor of `model` over the first `samples` batches of `data`
-    (a qdqgraph.data.CalibrationData). `graph`: the graph `model` was exported from, if at hand
-    (saves reading the model back)."""
-    view = GraphView(graph if graph is not None else gs.import_onnx(model))
+def measure_ranges(loaded: io.Loaded, data, samples: int = 4, providers=None) -> dict[str, float]:
+    """max |x| of every float32 tensor of the (Q/DQ) graph `loaded` over the first `samples`
+    batches of `data` (a qdqgraph.data.CalibrationData). Its weights reach onnxruntime from memory,
+    not through a serialized copy of the model."""
+    view = GraphView(loaded.graph)
     names = [t.name for t in view.tensors.values()
              if isinstance(t, gs.Variable) and t.inputs and not view.used_in_subgraph(t)
              and view.dtype(t) is not None and np.dtype(view.dtype(t)) == F32]
-    sess = session(io.with_outputs(model, names), providers, purpose="measuring float ranges")
+    sess = graph_session(loaded, providers, purpose="measuring float ranges", outputs=names)
     ranges = dict.fromkeys(names, 0.0)
     for k, feed in enumerate(data.batches(1)):
         if k >= samples:
