@@ -29,6 +29,7 @@ class GraphView:
         self.tensors = graph.tensors()
         self.outputs = {t.name for t in graph.outputs}
         self.inputs = {t.name for t in graph.inputs}
+        self.memo: dict = {}        # what walks over this view found, by the walk's name
 
     # ------------------------------------------------------------------ structure
 
@@ -228,6 +229,7 @@ class NamedView:
 
     def __init__(self, view: GraphView):
         self.view = view
+        self.vocab = view.vocab
         self._position: dict[str, int] | None = None
 
     def producer(self, t: str):

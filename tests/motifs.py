@@ -203,6 +203,48 @@ def attention(seq=8, hidden=32):
     return g.model()
 
 
+def attention_block(seq=8, hidden=32, heads=2, mask=False, fused_qkv=False, bias=False):
+    """A multi-head attention block as exporters write it: Q/K/V projections (separate, or one fused
+    MatMul split in three), heads by Reshape/Transpose, scores scaled, then optionally a mask Add
+    (from an int64 input, as BERT exports: (1 - mask) * -10000) or a position-bias Add (a constant),
+    Softmax, the context GEMM, heads merged, output projection, residual Add."""
+    d = hidden // heads
+    g = G(f"attention_block{'_mask' if mask else ''}{'_fused' if fused_qkv else ''}{'_bias' if bias else ''}")
+    x = g.input("x", ["b", seq, hidden])
+    if fused_qkv:
+        qkv = g.node("MatMul", [x, g.weight("wqkv", (hidden, 3 * hidden))], name="qkv_proj")
+        g.nodes.append(helper.make_node("Split", [qkv, g.const("split3", np.array([hidden] * 3, np.int64))],
+                                        ["q", "k", "v"], name="qkv_split", axis=-1))
+        q, k, v = "q", "k", "v"
+    else:
+        q = g.node("MatMul", [x, g.weight("wq", (hidden, hidden))], name="q_proj")
+        k = g.node("MatMul", [x, g.weight("wk", (hidden, hidden))], name="k_proj")
+        v = g.node("MatMul", [x, g.weight("wv", (hidden, hidden))], name="v_proj")
+    shape = g.const("heads_shape", np.array([0, 0, heads, d], np.int64))
+    q = g.node("Transpose", [g.node("Reshape", [q, shape], name="q_heads")], name="q_t", perm=[0, 2, 1, 3])
+    k = g.node("Transpose", [g.node("Reshape", [k, shape], name="k_heads")], name="k_t", perm=[0, 2, 3, 1])
+    v = g.node("Transpose", [g.node("Reshape", [v, shape], name="v_heads")], name="v_t", perm=[0, 2, 1, 3])
+    s = g.node("MatMul", [q, k], name="qk")
+    s = g.node("Div", [s, g.const("sqrt_d", np.array(np.sqrt(d), np.float32))], name="scale")
+    if mask:
+        m = g.input("mask", ["b", seq], TensorProto.INT64)
+        m = g.node("Cast", [m], name="mask_cast", to=TensorProto.FLOAT)
+        m = g.node("Sub", [g.const("one_m", np.array(1, np.float32)), m], name="mask_sub")
+        m = g.node("Mul", [m, g.const("neg", np.array(-10000, np.float32))], name="mask_mul")
+        m = g.node("Unsqueeze", [m, g.const("axes12", np.array([1, 2], np.int64))], name="mask_unsq")
+        s = g.node("Add", [s, m], name="mask_add")
+    if bias:
+        s = g.node("Add", [s, g.weight("pos_bias", (1, heads, seq, seq), 0.5)], name="bias_add")
+    p = g.node("Softmax", [s], name="softmax", axis=-1)
+    c = g.node("MatMul", [p, v], name="pv")
+    c = g.node("Transpose", [c], name="ctx_t", perm=[0, 2, 1, 3])
+    c = g.node("Reshape", [c, g.const("merge_shape", np.array([0, 0, hidden], np.int64))], name="ctx_merge")
+    o = g.node("MatMul", [c, g.weight("wo", (hidden, hidden))], name="o_proj")
+    g.node("Add", [o, x], ["y"], name="residual")
+    g.output("y")
+    return g.model()
+
+
 def gemm_transB(trans_b=1):
     g = G("gemm")
     x = g.input("x", ["n", 64])
@@ -421,4 +463,8 @@ ALL = {"conv_relu": conv_relu, "conv_bn_relu": conv_bn_relu, "residual_add": res
        "pool_output": pool_output, "batched_weight": batched_weight, "bmm": bmm, "pool_float": pool_float,
        "concat_float": concat_float, "residual_projection": lambda: residual_add(projection=True),
        "gemm": lambda: gemm_transB(0), "convtranspose_grouped": lambda: convtranspose(2),
-       "dynamic_weight_conv": dynamic_weight_conv, "small_head": small_head}
+       "dynamic_weight_conv": dynamic_weight_conv, "small_head": small_head,
+       "attention_block": attention_block, "attention_mask": lambda: attention_block(mask=True),
+       "attention_fused_qkv": lambda: attention_block(fused_qkv=True),
+       "attention_bias": lambda: attention_block(bias=True),
+       "attention_long": lambda: attention_block(seq=600, hidden=32)}

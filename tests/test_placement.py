@@ -27,7 +27,7 @@ CASES = {
     "P10-normalization": (("layernorm_mlp", "ln"), ("layernorm_mlp", "fc1", "not in op class")),
     "P10-layernorm-decomposed": (("layernorm_decomposed", "ln_sqrt"), ("layernorm_decomposed", "fc1", "on no chain")),
     "P10-gelu": (("attention", "gelu_erf"), ("attention", "o_proj", "on no chain")),
-    "P10-mha-core": (("attention", "qk"), ("attention", "q_proj", "on no chain")),
+    "P10-attention-long": (("attention_long", "qk"), ("attention_block", "qk", "attention_length:512 holds")),
     "P10-gemv": (("gemv", "gemv"), ("gemm_transB", "fc", "is a GEMM")),
     "P10-tiny-conv": (("tiny_conv", "tiny"), ("tiny_conv", "narrow", "suits INT8 kernels")),
     "P10-conv-gemv": (("conv_gemv", "score"), ("conv_gemv", "feat", "32 output channels")),
@@ -40,6 +40,8 @@ CASES = {
     "P1-matmul": (("attention", "q_proj"), ("integer_path", "ids_mm", "integer path")),
     "P2-matmul-batched-weight": (("batched_weight", "bmm_w"), ("bmm", "bmm", "not a constant weight")),
     "P1-matmul-activations": (("bmm", "bmm"), ("bmm", "proj_a", "is a constant")),
+    "P15-attention-scores": (("attention_mask", "qk"), ("attention_block", "pv", "not the scores one")),
+    "P15-attention-context": (("attention_bias", "pv"), ("attention_fused_qkv", "o_proj", "not a batched GEMM")),
     "P6-residual-add": (("residual_add", "add"), ("integer_path", "sum", "conv pattern")),
     "P9-se-mul": (("se_block", "se_mul"), ("silu_conv", "silu_mul", "SiLU")),
     "P7-avgpool": (("concat_of_pools", "pool_b"), ("tiny_se_block", "gap", "feeds no quantized consumer")),
@@ -74,7 +76,7 @@ def test_rule_negative(rule_id):
 
 GOLDEN_MOTIFS = ["conv_relu", "conv_bn_relu", "residual_add", "residual_projection", "concat_of_pools",
                  "se_block", "silu_conv", "attention", "gemm_transB", "convtranspose", "integer_path",
-                 "tiny_conv", "paddle_constants"]
+                 "tiny_conv", "paddle_constants", "attention_block", "attention_mask", "attention_fused_qkv"]
 
 
 @pytest.mark.parametrize("name", GOLDEN_MOTIFS)
@@ -82,6 +84,24 @@ def test_golden(name, golden):
     m = motifs.ALL[name]()
     result = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")
     golden(name, render(io.load(result.model).graph))
+
+
+@pytest.mark.parametrize("name", ["attention_block", "attention_mask", "attention_fused_qkv", "attention_bias"])
+def test_int8_attention_quantizes_the_four_gemm_inputs_and_fixes_the_probabilities(name):
+    """TensorRT's INT8 attention: Q/DQ before both batched GEMMs (q, k; probabilities, v), the
+    probabilities on the fixed range 1.0 (scale 1/127, whatever the data), the mask never quantized."""
+    m = motifs.ALL[name]()
+    result = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")
+    d = result.plan.decisions
+    assert d["qk"].quantized and d["qk"].rule == "P15-attention-scores"
+    assert d["pv"].quantized and d["pv"].rule == "P15-attention-context"
+    probs = result.plan.sites["softmax_out"]
+    assert probs.exact_amax == 1.0 and probs.edges == [("pv", 0)]
+    scale = {n.input[0]: n.input[1] for n in result.model.graph.node if n.op_type == "QuantizeLinear"}
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in result.model.graph.initializer}
+    assert float(inits[scale["softmax_out"]]) == np.float32(1.0 / 127)
+    quantized = {t for t, s in result.plan.sites.items()}
+    assert not quantized & {"mask_add_out", "scale_out", "mask_mul_out", "bias_add_out"}
 
 
 def test_a_slim_se_block_stays_float():

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+import motifs
 import qdqgraph
 from qdqgraph import trtsim
 from test_trtsim_rules import QG, S1, S2, conv_chain, residual, two_qs
@@ -79,8 +80,37 @@ def small_region(quantized=True):
     return g.model(13)
 
 
+def attention_model(**options):
+    import qdqgraph
+    m = motifs.attention_block(mask=True)
+    return qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32", **options).model
+
+
+def quantized_mask():
+    """qdqgraph's attention output with a Q/DQ put on the mask by hand."""
+    import onnx
+    from onnx import helper, numpy_helper
+    m = attention_model()
+    s = numpy_helper.from_array(np.array(S1, np.float32), "m.s")
+    z = numpy_helper.from_array(np.array(0, np.int8), "m.z")
+    m.graph.initializer.extend([s, z])
+    add = next(n for n in m.graph.node if n.name == "mask_add")
+    src = add.input[1]
+    q = helper.make_node("QuantizeLinear", [src, "m.s", "m.z"], ["mask_q8"], name="mask_q")
+    dq = helper.make_node("DequantizeLinear", ["mask_q8", "m.s", "m.z"], ["mask_dq8"], name="mask_dq")
+    add.input[1] = "mask_dq8"
+    nodes = list(m.graph.node)
+    at = nodes.index(add)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes[:at] + [q, dq] + nodes[at:])
+    onnx.checker.check_model(m)
+    return m
+
+
 # code -> (positive graph, node the diagnostic names), negative graph
 CASES = {
+    "QDQ210": ((lambda: attention_model(exclude_nodes=["^pv$"]), "qk"), attention_model),
+    "QDQ211": ((quantized_mask, "mask_dq"), attention_model),
     "QDQ201": ((conv_qdq_bn, "mid_q"), lambda: conv_chain(bn=True)),
     "QDQ202": ((both_add_inputs_quantized, "add"), residual),
     "QDQ203": ((lambda: concat_scales((S1, S2)), "concat"), lambda: concat_scales((S1, S1))),

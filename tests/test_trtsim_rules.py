@@ -309,7 +309,16 @@ def conv_no_op(op="Identity", training=False):
 
 
 # rule id -> (positive: graph factory, node), (negative: graph factory, node, words the reason contains)
+def quantized_attention(**options):
+    """qdqgraph's own output for the attention motif with a mask (fp32 islands)."""
+    import qdqgraph
+    m = motifs.attention_block(mask=True)
+    return qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32", **options).model
+
+
 CASES = {
+    "F10-fused-attention": ((quantized_attention, "qk"),
+                            (lambda: quantized_attention(exclude_nodes=["^pv$"]), "qk", "is float, so the fused INT8")),
     "S0-no-op": ((conv_no_op, "noop"), (lambda: conv_no_op("Dropout", training=True), "noop", "training mode")),
     "S1-fold-weight-qdq": ((conv_chain, "c1.w_q"), (lambda: conv_chain("int8"), "c1.w_dq", "not come from a Q")),
     "S1-fold-weight-int8": ((lambda: conv_chain("int8"), "c1.w_dq"), (conv_chain, "c1.w_dq", "is not a constant")),
@@ -373,6 +382,18 @@ def test_rule_negative(rule_id):
 
 
 # ---------------------------------------------------------------------------- what the rules change
+
+def test_int8_attention_is_one_layer_with_int8_q_k_v_and_the_mask_as_it_is():
+    report = sim(quantized_attention())
+    layer = report.layer_of("qk")
+    assert layer.kind == "attention" and layer.rule == "F10-fused-attention"
+    assert {"qk", "scale", "mask_add", "softmax", "pv"} <= set(layer.nodes)
+    assert [p.precision for p in layer.inputs] == ["int8", "int8", "int8", "fp32"]   # q, k, v; the mask
+    assert report.summary["reformats_inside"] == 0, report.table()
+    # without the probabilities' Q the GEMMs stay apart and the Softmax output is read in float
+    partial = sim(quantized_attention(exclude_nodes=["^pv$"]))
+    assert partial.layer_of("qk").kind == "matmul" and partial.layer_of("softmax").kind == "softmax"
+
 
 def test_decomposed_hardswish_fuses_into_the_conv_with_an_int8_output():
     report = sim(hardswish())

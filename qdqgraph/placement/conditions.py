@@ -12,6 +12,7 @@ from collections import deque
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from .. import attention
 from ..pointwise import region_source
 from ..rulebook.match import Conditions, hit, miss
 from ..view import GraphView
@@ -353,3 +354,53 @@ def c_output_quantized(ctx, node, arg):
         if ctx.plan.is_quantized_edge((c.name, i)):
             return hit()
     return miss("its output feeds no quantized consumer: without a Q after it, it would run in float (F4)")
+
+
+def _attention(ctx, node):
+    """The attention block `node` is a batched GEMM of, cached per view: (block, role) or None."""
+    cache = ctx.graph.memo.setdefault("attention", {})
+    if node.name not in cache:
+        cache[node.name] = attention.of(ctx.graph.named(), node) if ctx.graph.vocab.is_(node, "matmul") else None
+    return cache[node.name]
+
+
+@CONDITIONS.register("attention", captures=("probs", "values"))
+def c_attention(ctx, node, arg):
+    """The node is the first ("scores": Q x K^T) or second ("context": probabilities x V) batched
+    GEMM of an attention block: two MatMuls around a Softmax (qdqgraph.attention); "any": either."""
+    found = _attention(ctx, node)
+    if found is None:
+        return miss("not a batched GEMM of an attention block (MatMul -> ... -> Softmax -> ... -> MatMul)")
+    block, role = found
+    if arg not in ("any", role):
+        return miss(f"it is the {role} GEMM of the attention block, not the {arg} one")
+    return hit(f"{role} GEMM of the attention block {block.bmm1.name} -> {block.softmax.name} -> {block.bmm2.name}",
+               probs=block.probs_input, values=1 - block.probs_input)
+
+
+def _attention_length(ctx, node):
+    """The attention's sequence length: the Softmax axis of its scores, if static."""
+    found = _attention(ctx, node)
+    if found is None:
+        return None
+    sm = found[0].softmax
+    shape = ctx.graph.shape(sm.outputs[0]) if sm.outputs else None
+    if not shape:
+        return None
+    axis = sm.attrs.get("axis", -1)
+    d = shape[axis] if -len(shape) <= axis < len(shape) else None
+    return d if isinstance(d, (int, np.integer)) and d > 0 else None
+
+
+@CONDITIONS.register("attention_length")
+def c_attention_length(ctx, node, arg):
+    """The attention's sequence length is at most `arg` (or not fixed in the model: then the engine's
+    shapes decide, and the note says so)."""
+    limit = int(arg)
+    n = _attention_length(ctx, node)
+    if n is None:
+        return hit(f"sequence length not fixed in the model (INT8 attention needs it <= {limit})")
+    if n > limit:
+        return miss(f"sequence length {n} > {limit}: TensorRT's fused INT8 attention covers at most {limit}")
+    return hit(f"sequence length {n}")
+

@@ -87,6 +87,8 @@ def _add_site(plan: Plan, view: GraphView, node, index: int, target, rule: Rule)
         plan.notes.append(f"weight '{t.name}' is shared by ops that need different axes; per-tensor scale used")
         site.axis = None
     plan.add_edge(site, (node.name, index))
+    if target.amax is not None:
+        site.exact_amax = max(site.exact_amax or 0.0, target.amax)
     if target.share_scale == "output":
         rep = plan.sites.get(node.outputs[0].name)
         group = (rep.group if rep else None) or site.group or node.outputs[0].name

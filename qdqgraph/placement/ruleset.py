@@ -27,6 +27,7 @@ class Target:
     kind: str                  # "activation" or "weight"
     axis: int | None = None    # weights: output-channel axis; None = per-tensor
     share_scale: str | None = None  # "output": one scale with the node's output (Concat)
+    amax: float | None = None  # a fixed range (a Softmax's probabilities: 1.0), not calibrated
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ SPECS = {
                       required=("id", "doc", "ref", "op", "quantize")),
     "region": TableSpec({"max_flops_share": "number"}, required=("id", "doc", "ref", "max_flops_share")),
 }
-_TARGET_KEYS = {"input": "int_or_str", "kind": "str", "axis": "int_or_str", "share_scale": "str"}
+_TARGET_KEYS = {"input": "int_or_str", "kind": "str", "axis": "int_or_str", "share_scale": "str", "amax": "number"}
 _STEP = re.compile(r"^[A-Za-z][A-Za-z0-9]*(\|[A-Za-z][A-Za-z0-9]*)*\??$")
 
 
@@ -118,7 +119,11 @@ def _target(t: dict, rule: Table, vocab: Vocabulary, op: str) -> Target:
     share = t.get("share_scale")
     if share not in (None, "output"):
         raise rule.error("share_scale can only be \"output\"", "fix the rule")
-    return Target(inp, kind, None if axis == "tensor" or kind != "weight" else axis, share)
+    amax = t.get("amax")
+    if amax is not None and (kind != "activation" or not amax > 0 or amax != amax or amax == float("inf")):
+        raise rule.error(f"amax {amax!r}: a fixed range is a finite number > 0, on an activation", "fix the rule")
+    return Target(inp, kind, None if axis == "tensor" or kind != "weight" else axis, share,
+                  None if amax is None else float(amax))
 
 
 def _rule(t: Table, vocab: Vocabulary) -> Rule:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ops import attr_str, inference_no_op, nearest_resize
+from .. import attention
 from ..pointwise import region_from
 from ..rulebook.match import Conditions, Context, Match, hit, miss
 from ..rulebook.match import op_matches as _op_matches
@@ -479,3 +480,31 @@ def evaluate(ctx: Context, rule, node: SNode) -> Match:
         return miss(f"{node.op} is not in op class {rule.op!r}")
     m = CONDITIONS.evaluate(rule.when, ctx, node)
     return hit() if m.ok else m
+
+
+def attention_block(g: SimGraph, node: SNode):
+    """The attention block whose first GEMM is `node`, in the simulator's graph (Q/DQ on the path
+    from the Softmax to the second GEMM are part of it), or None."""
+    if node.role != OP or not g.vocab.is_(node, "matmul"):
+        return None
+    return attention.from_scores(g, node)
+
+
+@CONDITIONS.register("attention_int8")
+def c_attention_int8(ctx, node, arg):
+    """The node is the first GEMM of an attention block whose four GEMM inputs (q, k, the
+    probabilities, v) come from DQs, with the probabilities quantized right after the Softmax."""
+    g = ctx.graph
+    block = attention_block(g, node)
+    if block is None:
+        return miss("not the first GEMM of an attention block")
+    for gemm, label in ((block.bmm1, "q/k"), (block.bmm2, "probabilities/v")):
+        for t in gemm.inputs[:2]:
+            p = g.producer(t) if t else None
+            if p is None or p.role != DQ:
+                return miss(f"the {label} input {t} of {gemm.name} is float, so the fused INT8 attention does not apply")
+    after = [c for c, _ in g.consumers(block.softmax.outputs[0])]
+    if len(after) != 1 or after[0].role != Q:
+        return miss(f"the output of {block.softmax.name} is not quantized right after it")
+    return hit()
+

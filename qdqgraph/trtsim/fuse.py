@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..rulebook.match import Context
 from ..pointwise import region_from, region_source
-from .conditions import LayerBuild, evaluate, op_matches
+from .conditions import LayerBuild, attention_block, evaluate, op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -305,9 +305,42 @@ class Fuser:
         """Ops with no float or INT8 output (Shape, index math): not layers of their own here."""
         return node.role == OP and not any(self.g.carries_data(o) for o in node.outputs if o)
 
+    def attention(self, node: SNode) -> None:
+        """One INT8 layer for a whole attention block (F10): its GEMMs, scaling, mask, Softmax and
+        the Q/DQ of the probabilities; q, k and v enter as INT8, a mask or bias as it is."""
+        g = self.g
+        rule = self.first("attention", node)
+        if rule is None:
+            return
+        block = attention_block(g, node)
+        layer = LayerBuild(node, rule.id, "attention")
+        members = set(id(n) for n in block.nodes)
+        dqs = []
+        for gemm in (block.bmm1, block.bmm2):
+            for t in gemm.inputs[:2]:
+                p = g.producer(t)
+                if p is not None and p.role == DQ and id(p) not in members:
+                    dqs.append((p, gemm))
+        for p, gemm in dqs:
+            self.absorb_dq(layer, p, gemm)
+            layer.inputs.append(p.inputs[0])
+        for n in block.nodes:
+            self.own(layer, n)
+            for t in g.data_inputs(n):            # a mask or a position bias enters as it is
+                q = g.producer(t)
+                if (q is None or id(q) not in members) and not any(t == d.outputs[0] for d, _ in dqs) \
+                        and t not in layer.inputs:
+                    layer.inputs.append(t)
+        layer.out = block.bmm2.outputs[0]
+        self.output(layer)
+        self.layers.append(layer)
+
     def run(self) -> list[LayerBuild]:
         g = self.g
         order = g.order()
+        for n in order:
+            if n.role == OP and n.name not in self.owner and g.vocab.is_(n, "matmul"):
+                self.attention(n)
         for n in order:
             if n.role == OP and n.name not in self.owner and g.vocab.is_(n, "weighted"):
                 self.weighted(n)

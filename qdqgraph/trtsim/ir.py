@@ -251,6 +251,9 @@ class SimGraph:
     def node_outputs(self, node: SNode) -> list[str]:
         return node.outputs
 
+    def is_qdq(self, node: SNode) -> bool:
+        return node.role in (Q, DQ)
+
     def is_pointwise(self, node: SNode) -> bool:
         """An ordinary elementwise or activation op (qdqgraph.pointwise)."""
         return node.role == OP and (self.vocab.is_(node, "elementwise") or self.vocab.is_(node, "epilogue"))

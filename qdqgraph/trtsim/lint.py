@@ -11,6 +11,8 @@
 | QDQ207 | non-zero zero point                                           | C2         |
 | QDQ208 | non-positive or non-finite scale                              | C3         |
 | QDQ209 | a small INT8 region entered or left through a reformat        | P14, F6    |
+| QDQ210 | an attention block quantized in part (no fused INT8 attention) | P15, F10   |
+| QDQ211 | a quantized attention mask                                     | P15        |
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import vocabulary
+from .conditions import attention_block
 from .ir import DQ, OP, Q, SimGraph, SNode
 from .regions import costly_regions
 from .report import SimReport
@@ -143,6 +146,7 @@ def _graph_diagnostics(graph) -> list[Diagnostic]:
                                           "remove it and quantize after the activation (P4)"))
         if n.role != OP:
             continue
+        out += _attention_diagnostics(g, n)
         acts = [t for t in g.data_inputs(n) if not _const_qdq(g, t)]
         if v.is_(n, "add") and len(acts) == 2:
             srcs = [_qdq_source(g, t) for t in acts]
@@ -174,3 +178,37 @@ def _graph_diagnostics(graph) -> list[Diagnostic]:
             out.append(Diagnostic("QDQ205", g.producer(biases[0]).name, f"the bias added by {n.name} is quantized",
                                   "keep the bias float: TensorRT quantizes it to INT32 itself (P3)"))
     return out
+
+
+def _attention_diagnostics(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ210/QDQ211 for an attention block whose first GEMM is `n`."""
+    block = attention_block(g, n)
+    if block is None:
+        return []
+    labels = {}
+    for gemm, names in ((block.bmm1, ("q", "k")), (block.bmm2, ("probabilities", "v"))):
+        for t, label in zip(gemm.inputs[:2], names if block.bmm2 is not gemm or block.probs_input == 0
+                            else names[::-1]):
+            p = g.producer(t) if t else None
+            labels[label] = p is not None and p.role == DQ
+    softmax_q = [c for c, _ in g.consumers(block.softmax.outputs[0]) if c.role == Q]
+    done = [k for k, v in labels.items() if v]
+    out = []
+    if done and (len(done) < 4 or not softmax_q):
+        missing = [k for k, v in labels.items() if not v] + ([] if softmax_q else ["the Softmax output's Q"])
+        out.append(Diagnostic("QDQ210", n.name, f"the attention block {block.bmm1.name} -> {block.softmax.name} -> "
+                              f"{block.bmm2.name} is quantized on {', '.join(done)} but not on {', '.join(missing)}: "
+                              "TensorRT's fused INT8 attention needs Q/DQ on all four GEMM inputs, so the GEMMs run "
+                              "apart with reformats between them (F10)",
+                              "quantize q, k, the probabilities (fixed scale 1/127) and v, or none of them (P15)"))
+    members = {id(x) for x in block.nodes}
+    for x in block.nodes:
+        if x.role != OP or not g.vocab.is_(x, "add"):
+            continue
+        for t in g.data_inputs(x):
+            p = g.producer(t)
+            if p is not None and p.role == DQ and id(p) not in members:
+                out.append(Diagnostic("QDQ211", p.name, f"the mask or bias {t} added to the attention scores by "
+                                      f"{x.name} is quantized", "keep the mask in float (P15)"))
+    return out
+

@@ -27,6 +27,7 @@ ACTIONS = {
     "dq_forward": "Op(DQ(x)) -> DQ(Op(x)): the op runs on INT8",
     "cancel": "DQ(s) -> Q(s) disappears",
     "requantize": "DQ(s1) -> Q(s2) becomes one INT8 -> INT8 requantize",
+    "attention": "an attention block with all four GEMM inputs dequantized fuses into one INT8 layer",
     "weighted": "a layer rooted at a weighted op, with its DQ'd input and INT8 weight",
     "epilogue": "an op fuses into the weighted layer before it",
     "output_q": "a trailing Q becomes the layer's output scale",
