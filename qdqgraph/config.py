@@ -26,6 +26,9 @@ DEFAULT_METHOD = "percentile"
 DEFAULT_PERCENTILE = 99.99
 DEFAULT_SMOOTH_ALPHA = 0.5
 DEFAULT_SENSITIVITY_SAMPLES = 8
+ATTENTION_MODES = ("auto", "on", "off")
+ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 while it costs at most this
+                               # much output SQNR, measured against the same plan with attention float
 
 
 @lru_cache(maxsize=1)
@@ -103,7 +106,11 @@ class QuantizeConfig:
     high_precision: str = "fp16"
     # recipes
     bias_correction: bool = False
-    smooth_quant: float | None = None          # SmoothQuant alpha in [0, 1]
+    smooth_quant: float | None = None          # SmoothQuant alpha in [0, 1], one for the whole model
+    output_aware: bool | None = None           # linear-layer input ranges (and smoothing) chosen by
+                                               # their output error; None: on for transformers
+    int8_attention: str = "auto"               # on | off | auto: INT8 where it costs at most
+                                               # ATTENTION_MAX_LOSS_DB of output SQNR (measured)
     # accuracy
     accuracy_budget: float | None = None       # minimum output SQNR (dB) against float
     max_float_layers: int | None = None
@@ -134,6 +141,14 @@ class QuantizeConfig:
             raise QdqError(f"unknown weight format {self.weights!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
         if self.high_precision not in HIGH_PRECISIONS:
             raise QdqError(f"unknown high precision {self.high_precision!r}", f"use one of {', '.join(HIGH_PRECISIONS)}")
+        if self.output_aware not in (None, True, False):
+            raise QdqError(f"output_aware must be true, false or None (auto), got {self.output_aware!r}",
+                           "pass --output-aware on|off|auto")
+        if self.output_aware and self.smooth_quant is not None:
+            raise QdqError("--output-aware on and --smooth-quant both choose the smoothing",
+                           "pass one of them (--output-aware on picks the strength per layer)")
+        if self.int8_attention not in ATTENTION_MODES:
+            raise QdqError(f"unknown --int8-attention {self.int8_attention!r}", f"use one of {', '.join(ATTENTION_MODES)}")
         if self.smooth_quant is not None:
             _number("--smooth-quant", self.smooth_quant, 0.0, 1.0,
                     fix=f"pass an alpha in [0, 1] (default {DEFAULT_SMOOTH_ALPHA})")

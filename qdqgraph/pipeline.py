@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import advice, io
+from . import advice, attention, attention_guard, io
 from .calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from
 from .data import CalibrationData
@@ -29,6 +29,7 @@ from .passes.check import qdq_violations
 from .passes.insert import insert_qdq
 from .passes.precision import MIN_OPSET as PRECISION_OPSET
 from .passes.precision import lower_float_islands, measure_ranges
+from .passes import output_aware
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
 from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
@@ -36,6 +37,7 @@ from .report import InsertReport
 from .runtime import register_custom_ops
 from .sensitivity import choose_fallback, measure
 from .trtsim import simulate
+from .view import GraphView
 
 __all__ = ["Result", "quantize", "prepare", "default_output"]
 
@@ -130,6 +132,14 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     with report.stage("plan"):
         plan = plan_for(loaded, cfg)
         report.warnings += check_plan(loaded, plan)
+    overrides: dict[str, float] = {}
+    if _output_aware(cfg, loaded, calib):
+        with report.stage("output-aware scales"):
+            choices, first = output_aware.choose(loaded, plan, data)
+            passed, overrides = output_aware.apply(loaded, choices, first, data)
+            report.add([passed])
+            if passed.changed:
+                plan = plan_for(loaded, cfg)
     if cfg.smooth_quant is not None:
         with report.stage("smooth"):
             found = targets(loaded.graph, plan)
@@ -138,7 +148,20 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             plan = plan_for(loaded, cfg)
     with report.stage("calibrate"):
         amax = _ranges(loaded, plan, data, is_real(calib), calib_cache, cfg, report, progress)
+        for rep, members in plan.groups().items():
+            chosen = [overrides[t] for t in members if t in overrides]
+            if chosen and calib_cache is None:
+                amax[rep] = max(chosen)
         _free_if_large(loaded)
+    floated: tuple = ()
+    if plan.activation_sites() and attention_guard.attention_gemms(loaded.graph, plan):
+        with report.stage("attention check"):
+            floated, report.attention = attention_guard.decide(loaded, plan, amax, data if is_real(calib) else None,
+                                                               cfg, progress)
+            if floated:
+                per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
+                plan = plan_for(loaded, cfg, floated)
+                amax, _ = ranges_from_cache(plan, per_tensor)
     means = None
     if cfg.bias_correction:
         with report.stage("bias correction"):
@@ -146,7 +169,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     inserted = None
     if cfg.fallback and plan.activation_sites():
         with report.stage("sensitivity"):
-            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress)
+            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated)
     with report.stage("insert"):
         if inserted is None:
             if means is not None:
@@ -169,6 +192,21 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
         _predict(final, report)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
     return Result(model_out, plan, report, cfg)
+
+
+def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, calib) -> bool:
+    """Whether to choose linear-layer input ranges by their output error: as configured, or, by
+    default, for transformers (a model with an attention block or a LayerNorm), with real data and
+    no --smooth-quant of the user's."""
+    if not is_real(calib) or cfg.smooth_quant is not None or cfg.output_aware is False:
+        return False
+    if cfg.output_aware:
+        return True
+    view = GraphView(loaded.graph)
+    if any(view.vocab.is_(n, "layernorm") for n in view.nodes):
+        return True
+    g = view.named()
+    return any(view.vocab.is_(n, "matmul") and attention.of(g, n) is not None for n in view.nodes)
 
 
 def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: bool, calib_cache,
@@ -197,7 +235,7 @@ class _Inserted:
 
 
 def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
-              report: InsertReport, progress=None):
+              report: InsertReport, progress=None, floated: tuple = ()):
     """Measure each quantized unit's sensitivity on a Q/DQ copy of the graph, choose the units to
     return to float, and plan again without them, in memory. Returns (plan, amax, inserted): the
     trial copy stands as the inserted graph when nothing goes back to float."""
@@ -217,7 +255,7 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
         return plan, amax, _Inserted(trial, trial_insert, bias)
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
     float_nodes = tuple((n, f"fallback: returned to float (+{gains[n]:.1f} dB output SQNR alone)") for n in chosen)
-    plan = plan_for(loaded, cfg, float_nodes)
+    plan = plan_for(loaded, cfg, floated + float_nodes)
     amax, _ = ranges_from_cache(plan, per_tensor)
     return plan, amax, None
 

@@ -14,6 +14,7 @@ from .errors import QdqError
 from .passes.base import PassResult
 from .passes.batchnorm import fold_batchnorm
 from .passes.constants import fold_constants
+from .passes.fold_scale import fold_scalar_scales
 from .passes.fix_inputs import fix_inputs, inline_constant_ifs
 from .passes.no_ops import remove_no_ops
 from .placement import load_ruleset, plan_placement
@@ -56,7 +57,8 @@ def load_model(model, config: QuantizeConfig) -> tuple[io.Loaded, list[PassResul
 
 def clean(loaded: io.Loaded) -> list[PassResult]:
     """Remove inference no-ops, fold constants, inline Ifs whose condition became constant (in
-    rounds: an inlined branch may decide another If), fold BatchNormalization. In place."""
+    rounds: an inlined branch may decide another If), fold BatchNormalization and constant scalar
+    multiplies after linear layers. In place."""
     out = [remove_no_ops(loaded.graph), fold_constants(loaded.graph)]
     for _ in range(MAX_INLINE_ROUNDS):
         step = inline_constant_ifs(loaded.graph)
@@ -64,6 +66,7 @@ def clean(loaded: io.Loaded) -> list[PassResult]:
             break
         out += [step, fold_constants(loaded.graph)]
     out.append(fold_batchnorm(loaded.graph))
+    out.append(fold_scalar_scales(loaded.graph))
     return out
 
 

@@ -35,6 +35,7 @@ class InsertReport:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)            # why little or nothing was quantized
     fallback: dict | None = None
+    attention: dict | None = None     # --int8-attention: what was measured and decided
     tensorrt: dict | None = None      # the simulator's summary of the written model
 
     # ------------------------------------------------------------------ filled by the stages
@@ -115,6 +116,11 @@ class InsertReport:
         return dict(p["smoothed"]) if p else {}
 
     @property
+    def output_aware(self) -> dict | None:
+        p = self._last("output_aware")
+        return p.details if p else None
+
+    @property
     def bias_corrected(self) -> int:
         p = self._last("bias_correction")
         return p.count("corrected") if p else 0
@@ -134,7 +140,7 @@ class InsertReport:
         out["passes"] = [p.to_dict() for p in self.passes]
         out["stages"] = {k: round(v, 4) for k, v in self.stages.items()}
         for name in ("no_ops_removed", "constants_folded", "ifs_inlined", "batchnorm_folded", "batchnorm_kept",
-                     "fixed_inputs", "smoothed", "bias_corrected", "precision"):
+                     "fixed_inputs", "smoothed", "bias_corrected", "precision", "output_aware"):
             out[name] = getattr(self, name)
         return out
 
@@ -167,6 +173,22 @@ class InsertReport:
         if smoothed:
             nodes = sum(len(v) for v in smoothed.values())
             lines.append(f"smoothing: {len(smoothed)} activations migrate their outliers into {nodes} weights")
+        oa = self.output_aware
+        if oa:
+            t = oa["tensors"]
+            smoothed = sum(1 for v in t.values() if v["smoothing"] != "none")
+            lines.append(f"output-aware scales: {len(t)} linear-layer inputs, {smoothed} smoothed "
+                         f"({len(oa['folded'])} folded into a LayerNorm or the producing layer, "
+                         f"{len(oa['multiplied'])} by an inserted Mul)")
+        a = self.attention
+        if a and a.get("gemms"):
+            if "loss_db" in a:
+                lines.append(f"attention: {a['gemms']} GEMMs {'INT8' if a['int8'] else 'float'}; INT8 attention costs "
+                             f"{a['loss_db']:.1f} dB output SQNR ({a['all_int8_db']:.1f} dB all INT8, "
+                             f"{a['attention_float_db']:.1f} dB with it float; {a['max_loss_db']:g} dB allowed)")
+            else:
+                lines.append(f"attention: {a['gemms']} GEMMs {'INT8' if a['int8'] else 'float'} "
+                             f"(--int8-attention {a['mode']}{'; ' + a['why'] if a.get('why') else ''})")
         if self.bias_corrected:
             lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
         width = max([len(op) for op in self.ops] + [7])

@@ -148,7 +148,8 @@ def test_strip_of_insert_equals_clean(name):
     data = motifs.sample_data(m)
     expected = io.load(m)
     clean(expected)
-    quantized = io.load(qdqgraph.quantize(m, data, weights="qdq", high_precision="fp32").model)
+    # output-aware smoothing changes weights by design (test_recipes.py): off here
+    quantized = io.load(qdqgraph.quantize(m, data, weights="qdq", high_precision="fp32", output_aware=False).model)
     assert strip_qdq(quantized.graph)["removed"] > 0
     # the same nodes with the same connections (a line names a node's inputs and outputs)
     assert sorted(render(quantized.graph).splitlines()) == sorted(render(expected.graph).splitlines())
@@ -156,7 +157,7 @@ def test_strip_of_insert_equals_clean(name):
     for a, b in zip(run(io.to_model(quantized), feed), run(io.to_model(expected), feed)):
         np.testing.assert_array_equal(a, b)
     # with INT8 weights the structure comes back too, the weights dequantized
-    q8 = io.load(qdqgraph.quantize(m, data, high_precision="fp32").model)
+    q8 = io.load(qdqgraph.quantize(m, data, high_precision="fp32", output_aware=False).model)
     strip_qdq(q8.graph)
     assert sorted(n.op for n in q8.graph.nodes) == sorted(n.op for n in expected.graph.nodes)
 

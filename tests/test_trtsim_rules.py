@@ -313,6 +313,7 @@ def quantized_attention(**options):
     """qdqgraph's own output for the attention motif with a mask (fp32 islands)."""
     import qdqgraph
     m = motifs.attention_block(mask=True)
+    options = {"output_aware": False, "int8_attention": "on", **options}
     return qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32", **options).model
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 
 from ..calib.methods import METHODS
-from ..config import (DEFAULT_METHOD, DEFAULT_PERCENTILE, DEFAULT_SENSITIVITY_SAMPLES, DEFAULT_SMOOTH_ALPHA,
-                      QuantizeConfig)
+from ..config import (ATTENTION_MAX_LOSS_DB, ATTENTION_MODES, DEFAULT_METHOD, DEFAULT_PERCENTILE,
+                      DEFAULT_SENSITIVITY_SAMPLES, DEFAULT_SMOOTH_ALPHA, QuantizeConfig)
 from ..errors import QdqError
 from ..passes.insert import WEIGHT_FORMATS
 from ..passes.precision import HIGH_PRECISIONS
@@ -151,9 +151,11 @@ def config(args, **extra) -> QuantizeConfig:
                  exclude_ops=tuple(args.exclude_op), exclude_nodes=tuple(args.exclude_node),
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
     for name in ("weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
-                 "max_float_layers", "sensitivity_samples"):
+                 "max_float_layers", "sensitivity_samples", "int8_attention"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
+    if hasattr(args, "output_aware"):
+        found["output_aware"] = {"auto": None, "on": True, "off": False}[args.output_aware]
     found.update(extra)
     return QuantizeConfig(**found)
 
@@ -165,4 +167,5 @@ def at_least(value, name: str, minimum: int) -> None:
 
 __all__ = ["Formatter", "Parser", "UsageError", "add_calibration", "add_placement", "add_runtime", "add_shapes",
            "add_engine", "add_output", "config", "providers", "check_providers", "fixed_inputs", "at_least",
-           "WEIGHT_FORMATS", "HIGH_PRECISIONS", "DEFAULT_SMOOTH_ALPHA", "DEFAULT_SENSITIVITY_SAMPLES"]
+           "WEIGHT_FORMATS", "HIGH_PRECISIONS", "DEFAULT_SMOOTH_ALPHA", "DEFAULT_SENSITIVITY_SAMPLES",
+           "ATTENTION_MODES", "ATTENTION_MAX_LOSS_DB"]

@@ -40,6 +40,12 @@ def add(sub) -> None:
                         f"(SmoothQuant; ALPHA in [0, 1], {a.DEFAULT_SMOOTH_ALPHA} when omitted)")
     g.add_argument("--bias-correction", action="store_true",
                    help="fold the mean output shift of INT8 weights into the biases (measured on --calib)")
+    g.add_argument("--output-aware", choices=["auto", "on", "off"], default="auto",
+                   help="choose each MatMul/Gemm input's range and smoothing by the error in the layer's output "
+                        "(auto: on for transformers: a LayerNorm or an attention block, with --calib data)")
+    g.add_argument("--int8-attention", choices=list(a.ATTENTION_MODES), default="auto",
+                   help="INT8 for the attention's two batched GEMMs (TensorRT's fused INT8 attention); auto: "
+                        f"keep it while it costs at most {a.ATTENTION_MAX_LOSS_DB:g} dB output SQNR, measured")
     g = p.add_argument_group("accuracy")
     g.add_argument("--accuracy-budget", type=float, metavar="SQNR_DB",
                    help="return the most sensitive nodes to float until the output SQNR against float reaches "

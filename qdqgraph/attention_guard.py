@@ -1,0 +1,59 @@
+"""Whether the attention's two batched GEMMs run INT8: `--int8-attention auto|on|off`.
+
+Placement quantizes both GEMMs of every attention block the rules allow (P15): TensorRT then runs
+the block as one fused INT8 attention layer (F10). That is fast, but the probabilities on a fixed
+scale of 1/127 and per-tensor INT8 queries, keys and values cost some models a lot (a ViT with 257
+tokens loses about 16 dB of output SQNR; text encoders of 128 tokens lose little). In `auto` mode
+(the default) the Q/DQ model is built twice in one switchable session (qdqgraph.sensitivity): all
+INT8, and with every attention GEMM float; the attention stays INT8 when that costs at most
+ATTENTION_MAX_LOSS_DB, else its GEMMs return to float with the measured cost as the reason. `off`
+floats them without measuring; `on` keeps them.
+"""
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from . import attention, io
+from .config import ATTENTION_MAX_LOSS_DB, QuantizeConfig
+from .data import CalibrationData
+from .passes.insert import insert_qdq
+from .placement.plan import Plan
+from .sensitivity import measure
+from .view import GraphView
+
+
+def attention_gemms(graph: gs.Graph, plan: Plan) -> list[str]:
+    """The quantized nodes of `plan` that are the first or second GEMM of an attention block."""
+    g = GraphView(graph).named()
+    nodes = {n.name: n for n in graph.nodes}
+    return sorted(name for name in plan.quantized_nodes()
+                  if name in nodes and g.vocab.is_(nodes[name], "matmul") and attention.of(g, nodes[name]) is not None)
+
+
+def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | None,
+           cfg: QuantizeConfig, progress=None) -> tuple[tuple, dict]:
+    """((node, why) to return to float, the record for the report)."""
+    gemms = attention_gemms(loaded.graph, plan)
+    info = {"mode": cfg.int8_attention, "gemms": len(gemms), "max_loss_db": ATTENTION_MAX_LOSS_DB}
+    if not gemms or cfg.int8_attention == "on":
+        info["int8"] = bool(gemms)
+        return (), info
+    if cfg.int8_attention == "off":
+        info["int8"] = False
+        return tuple((n, "attention: --int8-attention off") for n in gemms), info
+    if data is None:
+        info.update(int8=True, why="no calibration data to measure its cost")
+        return (), info
+    trial = loaded.graph.copy()
+    insert_qdq(trial, plan, amax, weights=cfg.weights)
+    sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
+                             cfg.sensitivity_samples, stop_above_db=float("-inf"), progress=progress)
+    floated_db = evaluate(set(gemms))
+    loss = floated_db - sens.all_int8_db
+    info.update(all_int8_db=round(float(sens.all_int8_db), 2), attention_float_db=round(float(floated_db), 2),
+                loss_db=round(float(loss), 2), samples=sens.samples, int8=bool(loss <= ATTENTION_MAX_LOSS_DB))
+    if info["int8"]:
+        return (), info
+    why = (f"attention: INT8 attention costs {loss:.1f} dB output SQNR ({sens.all_int8_db:.1f} -> "
+           f"{floated_db:.1f} dB with it float, over {ATTENTION_MAX_LOSS_DB:g} dB allowed; --int8-attention on keeps it)")
+    return tuple((n, why) for n in gemms), info

@@ -1,0 +1,147 @@
+"""Fold a multiply by a constant scalar into the linear layer that makes its input.
+
+Attention blocks often scale the queries and the keys by d^-1/4 after splitting the heads
+(MatMul -> bias Add -> Reshape -> Transpose -> Mul). TensorRT moves a Q up over data movement (R2)
+and takes it into a weighted layer's epilogue (F2), but not over that Mul: the Q in front of the
+attention then runs as a standalone reformat (F6), two per layer. A scalar commutes with the
+reshapes, the transpose, the bias and the matrix product, so it folds into the layer's weights and
+bias and the Mul goes away; the model computes the same function.
+
+`producer_path` is the walk back from a tensor to the linear layer whose output columns become its
+last axis; the output-aware pass folds per-channel smoothing along the same path.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..view import GraphView
+from .base import PassResult, result
+from .smooth import _k_axis
+
+MAX_PATH = 8
+
+
+def _single_use(view: GraphView, t: gs.Tensor) -> bool:
+    """Does one node read `t`'s values (others may read its shape)?"""
+    values = [c for c, _ in view.consumers(t) if not view.vocab.is_(c, "shape_of")]
+    return len(values) == 1 and not view.is_graph_output(t) and not view.used_in_subgraph(t)
+
+
+def producer_path(view: GraphView, t: gs.Tensor, limit: int = MAX_PATH):
+    """(node, index of its constant weight, the weight's output-column axis, [bias constants]) of
+    the layer whose output columns become `t`'s last axis through single-use ops of class `layout`,
+    bias Adds and the right operand of MatMuls of two activations: a MatMul/Gemm with a constant
+    2-D weight, or a Mul by a constant vector over the last axis (the gamma of a LayerNorm written
+    out as ops); None when there is none. The column order through reshapes is not proved here:
+    callers that scale per channel check it."""
+    biases = []
+    cur = t
+    for _ in range(limit):
+        p = view.producer(cur)
+        if p is None:
+            return None
+        if view.vocab.is_(p, "matmul") or view.vocab.is_(p, "gemm"):
+            k = _k_axis(view, p)
+            if k is not None:
+                if view.vocab.is_(p, "gemm") and len(p.inputs) > 2 and p.inputs[2] is not None and p.inputs[2].name:
+                    if view.constant_value(p.inputs[2]) is None:
+                        return None
+                    biases.append(p.inputs[2])
+                return p, 1, 1 - k, biases
+            if not view.vocab.is_(p, "matmul") or any(view.is_constant(x) for x in p.inputs[:2]):
+                return None
+            nxt = p.inputs[1]                          # out[..., j] = A @ B[..., j]
+        elif view.vocab.is_(p, "mul") and len(p.inputs) == 2:
+            const = [i for i, x in enumerate(p.inputs) if view.constant_value(x) is not None]
+            if len(const) != 1 or view.constant_value(p.inputs[const[0]]).ndim > 1:
+                return None
+            return p, const[0], -1, biases
+        elif view.vocab.is_(p, "layout"):
+            nxt = p.inputs[0]
+        elif view.vocab.is_(p, "add"):
+            const = [x for x in p.inputs if view.is_constant(x)]
+            var = [x for x in p.inputs if not view.is_constant(x)]
+            if len(const) != 1 or len(var) != 1:
+                return None
+            biases.append(const[0])
+            nxt = var[0]
+        else:
+            return None
+        if not _single_use(view, nxt):
+            return None
+        cur = nxt
+    return None
+
+
+def _scalar(view: GraphView, node: gs.Node) -> tuple[gs.Tensor, float] | None:
+    """(variable input, factor) of a Mul or Div by a constant finite non-zero scalar."""
+    if len(node.inputs) != 2:
+        return None
+    if view.vocab.is_(node, "mul"):
+        pairs = [(node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])]
+    elif view.vocab.is_(node, "div"):
+        pairs = [(node.inputs[0], node.inputs[1])]
+    else:
+        return None
+    for var, const in pairs:
+        c = view.constant_value(const)
+        if view.is_constant(var) or c is None or c.size != 1 or not np.issubdtype(c.dtype, np.floating):
+            continue
+        v = float(c.reshape(-1)[0])
+        if not np.isfinite(v) or v == 0.0:
+            return None
+        return var, (v if view.vocab.is_(node, "mul") else 1.0 / v)
+    return None
+
+
+def _scaled(view: GraphView, owner: gs.Node, t: gs.Tensor, factor: float) -> None:
+    v = view.constant_value(t)
+    owner.inputs[list(owner.inputs).index(t)] = gs.Constant(f"{t.name}_scaled",
+                                                            (v.astype(np.float64) * factor).astype(v.dtype))
+
+
+def _feeds_gemms(view: GraphView, t: gs.Tensor, depth: int = 3) -> bool:
+    """Is `t` read only by MatMul/Gemm inputs, directly or through ops of class `layout`? (Where
+    a Q in front of a GEMM would sit after the Mul; a scale elsewhere, such as on attention scores
+    before the Softmax, costs no reformat and is left alone.)"""
+    uses = view.consumers(t)
+    if not uses or view.is_graph_output(t) or depth < 0:
+        return False
+    for c, _ in uses:
+        if view.vocab.is_(c, "matmul") or view.vocab.is_(c, "gemm"):
+            continue
+        if not (view.vocab.is_(c, "layout") and all(_feeds_gemms(view, o, depth - 1) for o in c.outputs)):
+            return False
+    return True
+
+
+def fold_scalar_scales(graph: gs.Graph) -> PassResult:
+    """Fold every Mul/Div by a constant scalar whose input a linear layer makes and whose output
+    GEMMs read (see the module doc). Modifies `graph`; details: `folded` ([Mul, the layer it went
+    into])."""
+    view = GraphView(graph)
+    folded: list[tuple[str, str]] = []
+    for node in list(view.nodes):
+        found = _scalar(view, node)
+        if found is None or not _feeds_gemms(view, node.outputs[0]):
+            continue
+        var, factor = found
+        if not _single_use(view, var):
+            continue
+        path = producer_path(view, var)
+        if path is None:
+            continue
+        linear, k, _, biases = path
+        _scaled(view, linear, linear.inputs[k], factor)
+        for b in biases:
+            owner = linear if b in linear.inputs else next(c for c, _ in view.consumers(b) if view.vocab.is_(c, "add"))
+            _scaled(view, owner, b, factor)
+        for c, i in view.consumers(node.outputs[0]):
+            c.inputs[i] = var
+        node.outputs.clear()
+        node.inputs.clear()
+        folded.append((node.name, linear.name))
+    if folded:
+        graph.cleanup()
+    return result("fold_scalar_scales", bool(folded), folded=folded)
