@@ -37,6 +37,7 @@ from .report import InsertReport
 from .runtime import register_custom_ops
 from .sensitivity import choose_fallback, measure
 from .trtsim import simulate
+from .trtsim.regions import inner_reformats
 from .view import GraphView
 
 __all__ = ["Result", "quantize", "prepare", "default_output"]
@@ -133,7 +134,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
         plan = plan_for(loaded, cfg)
         report.warnings += check_plan(loaded, plan)
     overrides: dict[str, float] = {}
-    if _output_aware(cfg, loaded, calib):
+    if _output_aware(cfg, loaded, plan, calib):
         with report.stage("output-aware scales"):
             choices, first = output_aware.choose(loaded, plan, data)
             passed, overrides = output_aware.apply(loaded, choices, first, data)
@@ -194,16 +195,18 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     return Result(model_out, plan, report, cfg)
 
 
-def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, calib) -> bool:
+def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, calib) -> bool:
     """Whether to choose linear-layer input ranges by their output error: as configured, or, by
-    default, for transformers (a model with an attention block or a LayerNorm), with real data and
-    no --smooth-quant of the user's."""
+    default, for transformers (a model with an attention block or a LayerNorm, also one written out
+    as ops, which placement rule P10-layernorm-decomposed finds), with real data and no
+    --smooth-quant of the user's."""
     if not is_real(calib) or cfg.smooth_quant is not None or cfg.output_aware is False:
         return False
     if cfg.output_aware:
         return True
     view = GraphView(loaded.graph)
-    if any(view.vocab.is_(n, "layernorm") for n in view.nodes):
+    if any(view.vocab.is_(n, "layernorm") for n in view.nodes) or \
+            any((d.rule or "").startswith("P10-layernorm") for d in plan.decisions.values()):
         return True
     g = view.named()
     return any(view.vocab.is_(n, "matmul") and attention.of(g, n) is not None for n in view.nodes)
@@ -336,7 +339,8 @@ def _predict(loaded: io.Loaded, report: InsertReport) -> None:
     """The simulator's prediction for the written model, into the report. A simulator failure
     must not cost the user the model: it becomes a warning naming the error."""
     try:
-        report.tensorrt = simulate(loaded.graph).summary
+        sim = simulate(loaded.graph)
+        report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim))
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
                                f"written; please report this")

@@ -213,6 +213,7 @@ class InsertReport:
             lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} INT8, {t['float_layers']} "
                          f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "
                          f"INT8 FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)")
+            lines += _reformat_lines(t.get("inner_reformats", []), max_examples)
         if self.fallback:
             fb = self.fallback
             lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all INT8 -> {fb['final_db']:.1f} dB with "
@@ -228,6 +229,23 @@ class InsertReport:
         if self.output:
             lines.append(f"wrote {self.output}")
         return "\n".join(lines)
+
+
+def _reformat_lines(found: list[dict], max_examples: int) -> list[str]:
+    """The reformats inside the network, grouped by the rule that made them and the op before them,
+    with what removing one would cost."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in found:
+        groups[(r["rule"], r["after"], r["direction"])].append(r)
+    lines = []
+    for (rule, after, direction), rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        shares = [r["readers_flops_share"] for r in rs]
+        names = ", ".join(r["name"] for r in rs[:max_examples]) + (", ..." if len(rs) > max_examples else "")
+        cost = (f"removing one floats its INT8 readers ({100 * min(shares):.2f}-{100 * max(shares):.2f}% of FLOPs)"
+                if max(shares) > 0 else "nothing INT8 reads it")
+        lines.append(f"  {len(rs)} reformat(s) {direction}{' after ' + after if after else ''}, {rule}: "
+                     f"{rs[0]['reason']}; {cost}  [{names}]")
+    return lines
 
 
 def _jsonable(value):

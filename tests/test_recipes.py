@@ -264,3 +264,10 @@ def test_int8_attention_is_a_checked_option():
     with pytest.raises(qdqgraph.QdqError, match="int8-attention"):
         QuantizeConfig(int8_attention="maybe")
     assert config_module.ATTENTION_MODES == ("auto", "on", "off")
+
+
+def test_output_aware_is_on_for_a_layernorm_written_out_as_ops():
+    m = motifs.layernorm_decomposed()
+    r = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")
+    assert r.report.output_aware is not None
+    assert any((d.rule or "").startswith("P10-layernorm") for d in r.plan.decisions.values())

@@ -76,3 +76,36 @@ def costly_regions(report: SimReport, max_share: float) -> list[Region]:
 
 def _int8_ports(x: Layer) -> bool:
     return any(p.precision == "int8" for p in x.inputs + x.outputs)
+
+
+def inner_reformats(report: SimReport) -> list[dict]:
+    """Every standalone reformat inside the network, with the rule that made it (the last rule
+    tried on it and why it failed), the op that produced its input, and what removing it by
+    returning its INT8 readers to float would cost (their share of the FLOPs). The report lists
+    these so that a reformat no placement removes is explained, not hidden."""
+    readers: dict[str, list[Layer]] = {}
+    for x in report.layers:
+        if not x.reformat:
+            for p in x.inputs:
+                if p.precision == "int8":
+                    readers.setdefault(p.tensor, []).append(x)
+    out = []
+    for x in report.reformats:
+        if x.at_graph_io:
+            continue
+        rule, reason = x.why[-1] if x.why else (x.rule, "")
+        into = any(p.precision == "int8" for p in x.outputs)
+        behind = [r for p in x.outputs for r in readers.get(p.tensor, []) if r.int8]
+        out.append({"name": x.name, "direction": "float -> int8" if into else "int8 -> float", "rule": rule,
+                    "reason": reason, "after": _producer_op(reason),
+                    "readers": [r.name for r in behind],
+                    "readers_flops_share": round(sum(r.flops_share for r in behind), 6)})
+    return out
+
+
+def _producer_op(reason: str) -> str:
+    """The op type a reason names first, as '(Op)' ('' when none)."""
+    start = reason.find("(")
+    end = reason.find(")", start)
+    word = reason[start + 1:end] if start >= 0 and end > start else ""
+    return word if word.isidentifier() else ""
