@@ -231,6 +231,10 @@ class InsertReport:
         return "\n".join(lines)
 
 
+def _pct(share: float) -> str:
+    return f"{100 * share:.2g}%" if share < 0.001 else f"{100 * share:.1f}%"
+
+
 def _reformat_lines(found: list[dict], max_examples: int) -> list[str]:
     """The reformats inside the network, grouped by the rule that made them and the op before them,
     with what removing one would cost."""
@@ -239,10 +243,10 @@ def _reformat_lines(found: list[dict], max_examples: int) -> list[str]:
         groups[(r["rule"], r["after"], r["direction"])].append(r)
     lines = []
     for (rule, after, direction), rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        shares = [r["readers_flops_share"] for r in rs]
+        shares = [r["region_flops_share"] for r in rs]
         names = ", ".join(r["name"] for r in rs[:max_examples]) + (", ..." if len(rs) > max_examples else "")
-        cost = (f"removing one floats its INT8 readers ({100 * min(shares):.2f}-{100 * max(shares):.2f}% of FLOPs)"
-                if max(shares) > 0 else "nothing INT8 reads it")
+        cost = (f"removing one floats the INT8 region behind it ({_pct(min(shares))}-{_pct(max(shares))} of FLOPs)"
+                if max(shares) > 0 else "no INT8 compute behind it")
         lines.append(f"  {len(rs)} reformat(s) {direction}{' after ' + after if after else ''}, {rule}: "
                      f"{rs[0]['reason']}; {cost}  [{names}]")
     return lines

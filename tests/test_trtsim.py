@@ -277,3 +277,22 @@ def test_tensors_read_inside_an_if_body_keep_their_producers():
     assert {"stem", "stem_relu", "pick", "head"} <= nodes
     stem = next(layer for layer in rep.layers if "stem" in layer.nodes)
     assert [p.precision for p in stem.outputs] == ["fp32"]           # the If reads it in float
+
+
+def test_each_reformat_inside_is_listed_with_its_rule_and_the_cost_of_removing_it(tmp_path):
+    """small_head with P14 off keeps one reformat inside (the Q after the float Softmax): the
+    report names it, the rule that made it, the op before it and the FLOPs of the INT8 region behind it."""
+    from qdqgraph.trtsim.regions import inner_reformats
+    rules = tmp_path / "off.toml"
+    rules.write_text('schema = 1\n[[region]]\nid = "P14-small-int8-region"\ndoc = "d"\nref = "r"\n'
+                     'max_flops_share = 0\n')
+    m = motifs.small_head()
+    r = qdqgraph.quantize(m, motifs.sample_data(m), rules=[str(rules)], high_precision="fp32")
+    found = inner_reformats(trtsim.simulate(r.model))
+    assert [x["name"] for x in found] == ["softmax_out_q"]
+    x = found[0]
+    assert x["rule"] == "F6-reformat" and x["after"] == "Softmax" and x["direction"] == "float -> int8"
+    assert 0 < x["region_flops_share"] < 0.001 and "flat + flat_out_dq + head.w_dq + head" in x["region_layers"]
+    assert r.report.tensorrt["inner_reformats"] == found
+    line = next(s for s in r.report.summary().splitlines() if "reformat(s) float -> int8" in s)
+    assert "after Softmax, F6-reformat" in line and "softmax_out_q" in line

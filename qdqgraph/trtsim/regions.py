@@ -81,25 +81,25 @@ def _int8_ports(x: Layer) -> bool:
 def inner_reformats(report: SimReport) -> list[dict]:
     """Every standalone reformat inside the network, with the rule that made it (the last rule
     tried on it and why it failed), the op that produced its input, and what removing it by
-    returning its INT8 readers to float would cost (their share of the FLOPs). The report lists
-    these so that a reformat no placement removes is explained, not hidden."""
-    readers: dict[str, list[Layer]] = {}
-    for x in report.layers:
-        if not x.reformat:
-            for p in x.inputs:
-                if p.precision == "int8":
-                    readers.setdefault(p.tensor, []).append(x)
+    returning the INT8 region on its other side to float would cost (that region's share of the
+    FLOPs; the smallest one where it borders two). The report lists these so that a reformat no
+    placement removes is explained, not hidden."""
+    border: dict[str, list[Region]] = {}
+    for r in int8_regions(report):
+        for x in r.entries + r.exits:
+            border.setdefault(x.name, []).append(r)
     out = []
     for x in report.reformats:
         if x.at_graph_io:
             continue
         rule, reason = x.why[-1] if x.why else (x.rule, "")
         into = any(p.precision == "int8" for p in x.outputs)
-        behind = [r for p in x.outputs for r in readers.get(p.tensor, []) if r.int8]
+        regions = sorted(border.get(x.name, []), key=lambda r: r.flops_share)
+        region = regions[0] if regions else None
         out.append({"name": x.name, "direction": "float -> int8" if into else "int8 -> float", "rule": rule,
                     "reason": reason, "after": _producer_op(reason),
-                    "readers": [r.name for r in behind],
-                    "readers_flops_share": round(sum(r.flops_share for r in behind), 6)})
+                    "region_layers": [y.name for y in region.layers] if region else [],
+                    "region_flops_share": round(region.flops_share, 9) if region else 0.0})
     return out
 
 
