@@ -47,8 +47,10 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | No
     trial = loaded.graph.copy()
     insert_qdq(trial, plan, amax, weights=cfg.weights)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
-                             cfg.sensitivity_samples, stop_above_db=float("-inf"), progress=progress)
+                             cfg.sensitivity_samples, stop_above_db=float("-inf"), progress=progress,
+                             only=set(gemms), reference=loaded)
     floated_db = evaluate(set(gemms))
+    del evaluate, trial                # the trial graph and its session go before the plan is redone
     loss = floated_db - sens.all_int8_db
     info.update(all_int8_db=round(float(sens.all_int8_db), 2), attention_float_db=round(float(floated_db), 2),
                 loss_db=round(float(loss), 2), samples=sens.samples, int8=bool(loss <= ATTENTION_MAX_LOSS_DB))

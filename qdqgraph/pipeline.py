@@ -141,6 +141,8 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             report.add([passed])
             if passed.changed:
                 plan = plan_for(loaded, cfg)
+            del choices, first
+            _free_if_large(loaded)
     if cfg.smooth_quant is not None:
         with report.stage("smooth"):
             found = targets(loaded.graph, plan)
@@ -159,6 +161,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
         with report.stage("attention check"):
             floated, report.attention = attention_guard.decide(loaded, plan, amax, data if is_real(calib) else None,
                                                                cfg, progress)
+            _free_if_large(loaded)
             if floated:
                 per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
                 plan = plan_for(loaded, cfg, floated)

@@ -77,16 +77,18 @@ def _if(flag: gs.Variable, name: str, then_nodes: list[gs.Node], then_out: gs.Va
                    attrs={"then_branch": then_g, "else_branch": else_g})
 
 
-def switchable(quant_graph: gs.Graph, plan: Plan) -> tuple[gs.Graph, dict[str, str]]:
+def switchable(quant_graph: gs.Graph, plan: Plan, only: set[str] | None = None) -> tuple[gs.Graph, dict[str, str]]:
     """A copy of a Q/DQ graph made by insert_qdq where each quantized unit's edges pass through
     If(flag) then Q->DQ (or the dequantized weight) else the float tensor, so that a run computes
-    only the Q/DQ of the units switched to INT8. Returns the graph and {unit node name: flag input}."""
+    only the Q/DQ of the units switched to INT8. Returns the graph and {unit node name: flag input}.
+    `only`: the units to make switchable (the others stay INT8 in every run; a float copy of each
+    switchable weight is held, so fewer units is less memory)."""
     g = quant_graph.copy()
     nodes = {n.name: n for n in g.nodes}
     flags = {}
     for k, (name, d) in enumerate(sorted((n, d) for n, d in plan.decisions.items() if d.quantized)):
         node = nodes.get(name)
-        if node is None:
+        if node is None or (only is not None and name not in only):
             continue
         flag = gs.Variable(f"qdqgraph_unit_{k}", dtype=np.bool_, shape=[])
         used = False
@@ -134,13 +136,18 @@ def _feed(batch: dict, flags: dict, on: set[str]) -> dict:
 
 
 def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: CalibrationData, samples: int = 8,
-            stop_above_db: float | None = None, progress=None) -> tuple:
+            stop_above_db: float | None = None, progress=None, only: set[str] | None = None,
+            reference: io.Loaded | None = None) -> tuple:
     """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float.
     `quant_model`: the Q/DQ model insert_qdq made for `plan` (a ModelProto, or its graph as a
-    Loaded). With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it."""
+    Loaded). With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it.
+    `only`: the units that can be switched (and measured); the rest stay INT8, so the float outputs
+    to compare against come from `reference`, the float graph (needed with `only`)."""
+    if only is not None and reference is None:
+        raise ValueError("measure(only=...) needs the float graph as reference")
     start = time.perf_counter()
     loaded = quant_model if isinstance(quant_model, io.Loaded) else io.load(quant_model)
-    graph, flags = switchable(loaded.graph, plan)
+    graph, flags = switchable(loaded.graph, plan, only)
     sess = graph_session(io.Loaded(graph=graph, ir_version=loaded.ir_version), purpose="sensitivity")
     outs = [o.name for o in graph.outputs]
     # the first `samples` samples, as one batch where the model's batch axis is dynamic
@@ -162,7 +169,12 @@ def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: Calibrat
     def flat(results):
         return [o for per in results for o in per if np.issubdtype(o.dtype, np.floating)]
 
-    ref = flat(run(set()))
+    if reference is None:
+        ref = flat(run(set()))
+    else:
+        float_sess = graph_session(reference, purpose="sensitivity reference")
+        ref = flat([float_sess.run(outs, b) for b in batches])
+        del float_sess
 
     def sqnr_with_float(float_units: set[str]) -> float:
         return _sqnr(ref, flat(run(units - set(float_units))))
