@@ -2,6 +2,8 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -22,3 +24,15 @@ def golden():
         assert text + "\n" == path.read_text()
     return check
 
+
+
+@pytest.fixture
+def model_and_data(tmp_path):
+    """A small residual CNN and calibration data for it, as files (CLI tests)."""
+    import motifs
+    m = motifs.residual_add()
+    mp = tmp_path / "m.onnx"
+    onnx.save(m, mp)
+    dp = tmp_path / "calib.npz"
+    np.savez(dp, **motifs.sample_data(m))
+    return mp, dp

@@ -12,20 +12,7 @@ import pytest
 import motifs
 from qdqgraph import io
 from qdqgraph.cli import main
-
-
-@pytest.fixture
-def model_and_data(tmp_path):
-    m = motifs.residual_add()
-    mp = tmp_path / "m.onnx"
-    onnx.save(m, mp)
-    dp = tmp_path / "calib.npz"
-    np.savez(dp, **motifs.sample_data(m))
-    return mp, dp
-
-
-def files(folder: Path) -> set:
-    return {p.name for p in folder.iterdir()}
+from conftest_helpers import files
 
 
 def one_error_line(capsys):

@@ -107,34 +107,34 @@ def to_hf_state_dict(v, n_enc, n_dec, d):
         sd[f"model.encoder.{c}.weight"] = f(f"encoder/{c}/weight")
         sd[f"model.encoder.{c}.bias"] = f(f"encoder/{c}/bias")
     sd["model.encoder.embed_positions.weight"] = f("encoder/position_encodings/encodings")
-    for i in range(n_enc):
-        s, t = f"encoder/layer_{i}", f"model.encoder.layers.{i}"
+    def self_attention(t, s):
         lin(f"{t}.self_attn.q_proj", f"{s}/self_attention/linear_0", q)
         lin(f"{t}.self_attn.k_proj", f"{s}/self_attention/linear_0", k, bias=False)
         lin(f"{t}.self_attn.v_proj", f"{s}/self_attention/linear_0", vv)
         lin(f"{t}.self_attn.out_proj", f"{s}/self_attention/linear_1")
         ln(f"{t}.self_attn_layer_norm", f"{s}/self_attention/layer_norm")
+
+    def ffn(t, s):
         lin(f"{t}.fc1", f"{s}/ffn/linear_0")
         lin(f"{t}.fc2", f"{s}/ffn/linear_1")
         ln(f"{t}.final_layer_norm", f"{s}/ffn/layer_norm")
+
+    for i in range(n_enc):
+        s, t = f"encoder/layer_{i}", f"model.encoder.layers.{i}"
+        self_attention(t, s)
+        ffn(t, s)
     ln("model.encoder.layer_norm", "encoder/layer_norm")
     sd["model.decoder.embed_tokens.weight"] = f("decoder/embeddings/weight")
     sd["model.decoder.embed_positions.weight"] = f("decoder/position_encodings/encodings")
     for i in range(n_dec):
         s, t = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
-        lin(f"{t}.self_attn.q_proj", f"{s}/self_attention/linear_0", q)
-        lin(f"{t}.self_attn.k_proj", f"{s}/self_attention/linear_0", k, bias=False)
-        lin(f"{t}.self_attn.v_proj", f"{s}/self_attention/linear_0", vv)
-        lin(f"{t}.self_attn.out_proj", f"{s}/self_attention/linear_1")
-        ln(f"{t}.self_attn_layer_norm", f"{s}/self_attention/layer_norm")
+        self_attention(t, s)
         lin(f"{t}.encoder_attn.q_proj", f"{s}/attention/linear_0")
         lin(f"{t}.encoder_attn.k_proj", f"{s}/attention/linear_1", slice(0, d), bias=False)
         lin(f"{t}.encoder_attn.v_proj", f"{s}/attention/linear_1", slice(d, 2 * d))
         lin(f"{t}.encoder_attn.out_proj", f"{s}/attention/linear_2")
         ln(f"{t}.encoder_attn_layer_norm", f"{s}/attention/layer_norm")
-        lin(f"{t}.fc1", f"{s}/ffn/linear_0")
-        lin(f"{t}.fc2", f"{s}/ffn/linear_1")
-        ln(f"{t}.final_layer_norm", f"{s}/ffn/layer_norm")
+        ffn(t, s)
     ln("model.decoder.layer_norm", "decoder/layer_norm")
     sd["proj_out.weight"] = sd["model.decoder.embed_tokens.weight"]
     return sd
