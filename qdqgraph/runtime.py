@@ -46,13 +46,18 @@ DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
 
 
 def graph_session(loaded: io.Loaded, providers: list[str] | None = None, purpose: str = "calibration",
-                  outputs: list[str] | None = None):
+                  outputs: list[str] | None = None, optimize: bool = True):
     """A session over a graphsurgeon graph whose large constants reach onnxruntime from memory;
-    `outputs`: float tensors to add as graph outputs."""
+    `outputs`: float tensors to add as graph outputs; `optimize=False`: no graph optimizations."""
     model, weights = io.to_model_and_weights(loaded)
     if outputs:
         model = io.with_outputs(model, outputs)
-    return session(model, providers, purpose, weights=weights)
+    opts = None
+    if not optimize:
+        import onnxruntime as ort
+        opts = _options()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return session(model, providers, purpose, weights=weights, opts=opts)
 
 
 def _options(spin: bool = True, threads: int = 0):

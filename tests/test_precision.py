@@ -249,3 +249,38 @@ def test_int8_concat_before_a_transpose_stays_fp32_so_onnxruntime_runs_it():
     assert kept.get("cat") == "H6-int8-concat", kept
     feed = {k: v[0] for k, v in motifs.sample_data(m).items()}
     assert all(np.isfinite(o).all() for o in _run(r.model, feed))
+
+
+class _Feeds:
+    def __init__(self, feeds):
+        self.feeds = feeds
+
+    def batches(self, n):
+        yield from self.feeds
+
+
+def test_range_run_fetches_a_dq_output_only_when_it_can_reach_the_limit():
+    """A DQ's output cannot exceed max|q - zp| x scale: below RANGE_LIMIT it is not fetched (it
+    cannot decide H5); a DQ with a scale that can reach the limit is, with its true range."""
+    from qdqgraph.passes.precision import measure_ranges
+
+    def qdq(x, scale, name):
+        s = onnx.numpy_helper.from_array(np.array(scale, np.float32), name + "_s")
+        z = onnx.numpy_helper.from_array(np.array(0, np.int8), name + "_z")
+        return [onnx.helper.make_node("QuantizeLinear", [x, s.name, z.name], [name + "_q"], name=name + "_Q"),
+                onnx.helper.make_node("DequantizeLinear", [name + "_q", s.name, z.name], [name + "_dq"], name=name + "_DQ"),
+                onnx.helper.make_node("Relu", [name + "_dq"], [name + "_y"], name=name + "_relu")], [s, z]
+    small, inits_small = qdq("x", 0.01, "small")
+    big, inits_big = qdq("x", 2 * RANGE_LIMIT / 127, "big")
+    graph = onnx.helper.make_graph(
+        small + big, "g", [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [onnx.helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in ("small_y", "big_y")],
+        inits_small + inits_big)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 19)])
+    x = np.array([-3e4, 1.0, 2.0, 4e4], np.float32)
+    ranges = measure_ranges(io.load(model), _Feeds([{"x": x}]))
+    assert "small_dq" not in ranges                   # bound 127 x 0.01 = 1.27: never fetched
+    assert "small_y" in ranges and ranges["small_y"] == pytest.approx(1.27, rel=1e-3)
+    big_scale = 2 * RANGE_LIMIT / 127
+    assert ranges["big_dq"] == pytest.approx(128 * big_scale, rel=1e-5)     # -3e4 saturates at -128
+    assert ranges["big_dq"] >= RANGE_LIMIT
