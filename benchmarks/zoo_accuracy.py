@@ -104,13 +104,17 @@ def quantize(qdqgraph, zoo, out_dir, name, args, timeout, logs):
 
 # ----------------------------------------------------------------------------- evaluate
 
+SAFE_ORT = False            # --safe-ort: score through benchmarks/eval_safe.py (onnxruntime rewrites off)
+
+
 def eval_models(zpy, zoo_scripts, zoo, names, json_path, log_path, compare=None, ort_qdq=None):
     """Run eval_models.py on `names`; returns its JSON (dict name -> result).
 
     If the process dies as a whole (not a per-model error, which eval_models records in
     `other_error` itself), the models are retried one by one so one crash loses one model."""
     def run(only, jp, lp):
-        cmd = [zpy, str(zoo_scripts / "eval_models.py"), str(zoo / "models"), str(zoo / "data"),
+        launcher = [str(REPO / "benchmarks" / "eval_safe.py")] if SAFE_ORT else []
+        cmd = [zpy, *launcher, str(zoo_scripts / "eval_models.py"), str(zoo / "models"), str(zoo / "data"),
                "--only", ",".join(only), "--json", str(jp)]
         if compare:
             cmd += ["--compare", str(compare)]
@@ -271,7 +275,16 @@ def main():
     ap.add_argument("--all-metrics", action="store_true",
                     help="one row per task metric (e.g. CER, precision), not only the first")
     ap.add_argument("--report", type=Path, default=None, help="also write the tables here (default OUT/report.md)")
+    ap.add_argument("--safe-ort", action="store_true",
+                    help="score every tool's models with onnxruntime's rewrites that qdqgraph turns off "
+                         "(qdqgraph.runtime.DISABLED_OPTIMIZERS) turned off too; needed for FP8 models")
     a = ap.parse_args()
+    if a.safe_ort:
+        global SAFE_ORT
+        SAFE_ORT = True
+        sys.path.insert(0, str(REPO))
+        from qdqgraph.runtime import DISABLED_OPTIMIZERS
+        os.environ["QDQGRAPH_ORT_DISABLED"] = ",".join(DISABLED_OPTIMIZERS)
 
     zoo = a.zoo.resolve()
     out = (a.out or zoo / "bench").resolve()

@@ -45,7 +45,7 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | No
         info.update(int8=True, why="no calibration data to measure its cost")
         return (), info
     trial = loaded.graph.copy()
-    insert_qdq(trial, plan, amax, weights=cfg.weights)
+    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, stop_above_db=float("-inf"), progress=progress,
                              only=set(gemms), reference=loaded)

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 from .calib.methods import METHODS
 from .errors import QdqError
+from .formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
 from .passes.insert import WEIGHT_FORMATS
 from .passes.precision import HIGH_PRECISIONS
 from .placement.plan import Selection
@@ -24,6 +25,11 @@ from .placement.plan import Selection
 # that max calibration breaks; TensorRT's entropy method clips post-ReLU tensors of small CNNs.
 DEFAULT_METHOD = "percentile"
 DEFAULT_PERCENTILE = 99.99
+# FP8's exponent keeps small values precise however large amax is, so clipping buys little and
+# costs the outliers: max calibration, the best on the zoo in FP8 (docs/ACCURACY.md, FP8 section).
+DEFAULT_METHODS = {"int8": DEFAULT_METHOD, "fp8": "max", "int4": "max"}
+DEFAULT_BLOCK_SIZE = 128       # INT4 weights: elements per scale along the reduction axis
+INT4_METHODS = ("rtn", "awq")
 DEFAULT_SMOOTH_ALPHA = 0.5
 DEFAULT_SENSITIVITY_SAMPLES = 8
 ATTENTION_MODES = ("auto", "on", "off")
@@ -87,7 +93,7 @@ class QuantizeConfig:
     """Everything that decides what `quantize` writes (the data and the cache are arguments)."""
 
     # calibration
-    method: str = DEFAULT_METHOD
+    method: str | None = None                  # None: DEFAULT_METHODS[precision]
     percentile: float = DEFAULT_PERCENTILE
     batch_size: int = 1
     samples: int | None = None                 # the first N samples only
@@ -102,6 +108,9 @@ class QuantizeConfig:
     include_nodes: tuple[str, ...] = ()
     fixed_inputs: tuple[tuple[str, object], ...] = ()   # (input name, value); a dict is accepted
     # what is written
+    precision: str = DEFAULT_PRECISION         # int8 | fp8 | int4 (INT4 weights, activations float)
+    block_size: int = DEFAULT_BLOCK_SIZE       # int4: weights per scale along the reduction axis
+    int4_method: str = "awq"                   # int4: rtn | awq (activation-aware, needs data)
     weights: str = "int8"
     high_precision: str = "fp16"
     # recipes
@@ -125,6 +134,10 @@ class QuantizeConfig:
         if isinstance(fixed, dict):
             fixed = tuple(fixed.items())
         object.__setattr__(self, "fixed_inputs", tuple(fixed))
+        if self.precision not in PRECISIONS:
+            raise QdqError(f"unknown precision {self.precision!r}", f"use one of {', '.join(PRECISIONS)}")
+        if self.method is None:
+            object.__setattr__(self, "method", DEFAULT_METHODS[self.precision])
         self.check()
 
     def check(self) -> None:
@@ -137,6 +150,12 @@ class QuantizeConfig:
         _int("--lanes", self.lanes, 1, optional=True)
         _int("--sensitivity-samples", self.sensitivity_samples, 1)
         _int("--max-float-layers", self.max_float_layers, 0, optional=True)
+        _int("--block-size", self.block_size, 2)
+        if self.block_size % 2:
+            raise QdqError(f"--block-size must be even (two INT4 values per byte), got {self.block_size}",
+                           f"pass --block-size {DEFAULT_BLOCK_SIZE}, 64 or 32")
+        if self.int4_method not in INT4_METHODS:
+            raise QdqError(f"unknown --int4-method {self.int4_method!r}", f"use one of {', '.join(INT4_METHODS)}")
         if self.weights not in WEIGHT_FORMATS:
             raise QdqError(f"unknown weight format {self.weights!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
         if self.high_precision not in HIGH_PRECISIONS:
@@ -144,6 +163,9 @@ class QuantizeConfig:
         if self.output_aware not in (None, True, False):
             raise QdqError(f"output_aware must be true, false or None (auto), got {self.output_aware!r}",
                            "pass --output-aware on|off|auto")
+        if self.output_aware and self.precision != "int8":
+            raise QdqError(f"--output-aware on chooses INT8 ranges; it does not apply to --precision {self.precision}",
+                           "drop --output-aware, or use --precision int8")
         if self.output_aware and self.smooth_quant is not None:
             raise QdqError("--output-aware on and --smooth-quant both choose the smoothing",
                            "pass one of them (--output-aware on picks the strength per layer)")
@@ -173,6 +195,11 @@ class QuantizeConfig:
     @property
     def fixed(self) -> dict:
         return dict(self.fixed_inputs)
+
+    @property
+    def format(self) -> Format | None:
+        """The Q/DQ format of activations and weights (None for int4: weights only)."""
+        return activation_format(self.precision)
 
     @property
     def fallback(self) -> bool:

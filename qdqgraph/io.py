@@ -228,9 +228,11 @@ def infer_shapes(model: onnx.ModelProto, inplace: bool = False) -> onnx.ModelPro
         return onnx.load(str(dst))
 
 
-def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True) -> Loaded:
-    """Load a model (path or ModelProto) into a graphsurgeon graph, opset raised to 13, shapes
-    inferred. `check=False` skips the ONNX checker on a ModelProto qdqgraph made itself."""
+def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True, min_opset: int = MIN_OPSET,
+         why: str = "per-channel Q/DQ") -> Loaded:
+    """Load a model (path or ModelProto) into a graphsurgeon graph, opset raised to `min_opset`
+    (13; 19 for FP8, 21 for INT4 weights: `why` says which), shapes inferred. `check=False` skips
+    the ONNX checker on a ModelProto qdqgraph made itself."""
     if isinstance(path_or_model, onnx.ModelProto):
         model, path = path_or_model, None
         if check:
@@ -238,7 +240,7 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True)
     else:
         path = Path(path_or_model)
         model = read_model(path)
-    model, raised = raise_opset(model)
+    model, raised = raise_opset(model, max(min_opset, MIN_OPSET), why)
     model = infer_shapes(model, inplace=path is not None or raised is not None)
     try:
         graph = gs.import_onnx(model)
@@ -257,14 +259,23 @@ def _materialize(graph: gs.Graph) -> None:
     """Turn every constant's lazy value into its array now, and keep no reference into the
     ModelProto: graphsurgeon holds each TensorProto until its value is first read, and the graph
     holds the model's opset_import list, and any of them keeps the whole ModelProto (its weights
-    included) alive beside the arrays read from it. Each copy of the graph also read its own arrays."""
+    included) alive beside the arrays read from it. Each copy of the graph also read its own arrays.
+    Types numpy lacks (float8e4m3fn, int4), which graphsurgeon leaves as ONNX type numbers, become
+    their ml_dtypes types, as onnx itself reads them."""
     graph.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in graph.import_domains or []]
     for g in [graph, *graph.subgraphs(recursive=True)]:
         if g is not graph and g.import_domains is not None:
             g.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in g.import_domains]
         for t in g.tensors().values():
             if isinstance(t, gs.Constant) and isinstance(getattr(t, "_values", None), gs.ir.tensor.LazyValues):
-                t.values  # noqa: B018 - reading it loads it
+                lazy = t._values
+                if isinstance(lazy.dtype, int):      # float8, int4: onnx reads them as ml_dtypes arrays
+                    t.values = onnx.numpy_helper.to_array(lazy.tensor)
+                    t._export_dtype = None
+                else:
+                    t.values  # noqa: B018 - reading it loads it
+            elif isinstance(t, gs.Variable) and isinstance(t.dtype, int):
+                t.dtype = onnx.helper.tensor_dtype_to_np_dtype(t.dtype)
 
 
 def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: bool = True) -> onnx.ModelProto:

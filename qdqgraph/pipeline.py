@@ -178,7 +178,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
         if inserted is None:
             if means is not None:
                 report.add([correct_biases(loaded.graph, plan, means)])
-            inserted = insert_qdq(loaded.graph, plan, amax, weights=cfg.weights)
+            inserted = insert_qdq(loaded.graph, plan, amax, weights=cfg.weights, fmt=cfg.format)
         else:
             loaded.graph = inserted.graph
             report.add(inserted.passes)
@@ -201,9 +201,10 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
 def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, calib) -> bool:
     """Whether to choose linear-layer input ranges by their output error: as configured, or, by
     default, for transformers (a model with an attention block or a LayerNorm, also one written out
-    as ops, which placement rule P10-layernorm-decomposed finds), with real data and no
-    --smooth-quant of the user's."""
-    if not is_real(calib) or cfg.smooth_quant is not None or cfg.output_aware is False:
+    as ops, which placement rule P10-layernorm-decomposed finds), with real data, no --smooth-quant
+    of the user's, in INT8 (FP8 keeps small values precise under large ranges: its error is not
+    the clipping trade-off the search makes)."""
+    if not is_real(calib) or cfg.smooth_quant is not None or cfg.output_aware is False or cfg.precision != "int8":
         return False
     if cfg.output_aware:
         return True
@@ -247,7 +248,7 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     trial copy stands as the inserted graph when nothing goes back to float."""
     trial = loaded.graph.copy()
     bias = [correct_biases(trial, plan, means)] if means is not None else []
-    trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights)
+    trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, stop_above_db=cfg.accuracy_budget, progress=progress)
     chosen, final_db = choose_fallback(sens, evaluate, cfg.accuracy_budget, cfg.max_float_layers)

@@ -11,6 +11,7 @@ from . import io
 from .config import QuantizeConfig, config_from
 from .data import CalibrationData, InputSpec, random_data, read_arrays
 from .errors import QdqError
+from .formats import OPSETS
 from .passes.base import PassResult
 from .passes.batchnorm import fold_batchnorm
 from .passes.constants import fold_constants
@@ -45,7 +46,8 @@ def refuse_quantized(loaded: io.Loaded) -> None:
 
 def load_model(model, config: QuantizeConfig) -> tuple[io.Loaded, list[PassResult]]:
     """Load, refuse already-quantized models, and make the config's fixed inputs constants."""
-    loaded = io.load(model)
+    fmt_opset, why = OPSETS[config.precision]
+    loaded = io.load(model, min_opset=fmt_opset, why=why)
     refuse_quantized(loaded)
     passes = []
     if config.fixed_inputs:
@@ -73,7 +75,7 @@ def clean(loaded: io.Loaded) -> list[PassResult]:
 def plan_for(loaded: io.Loaded, config: QuantizeConfig, float_nodes: tuple = ()) -> Plan:
     """The placement plan of the (cleaned) graph as it is now, small INT8 regions returned to float
     (P14, qdqgraph.placement.refine); `float_nodes`: (node, why) the fallback returns to float."""
-    ruleset = load_ruleset(config.rules)
+    ruleset = load_ruleset(config.rules, config.precision)
     selection = config.selection(float_nodes)
     return refine(loaded.graph, plan_placement(loaded.graph, ruleset, selection), ruleset, selection)
 

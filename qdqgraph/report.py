@@ -12,7 +12,9 @@ from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from .formats import DEFAULT_PRECISION, OPSETS, label
 from .passes.base import PassResult
+from .runtime import DISABLED_OPTIMIZERS
 from .placement.plan import Plan
 
 
@@ -151,8 +153,11 @@ class InsertReport:
         """The lines the CLI prints; `warnings=False` leaves the warnings out (the CLI writes them
         to stderr)."""
         lines = []
+        precision = (self.config or {}).get("precision", DEFAULT_PRECISION)
+        q = label(precision)
         if self.opset_raised_from:
-            lines.append(f"opset raised from {self.opset_raised_from} to 13 (per-channel Q/DQ needs it)")
+            to, why = OPSETS[precision]
+            lines.append(f"opset raised from {self.opset_raised_from} to {to} ({why} needs it)")
         if self.fixed_inputs:
             fixed = ", ".join(f"{k}={v}" for k, v in self.fixed_inputs.items())
             lines.append(f"fixed inputs: {fixed} (the written model no longer has them)")
@@ -183,11 +188,11 @@ class InsertReport:
         a = self.attention
         if a and a.get("gemms"):
             if "loss_db" in a:
-                lines.append(f"attention: {a['gemms']} GEMMs {'INT8' if a['int8'] else 'float'}; INT8 attention costs "
-                             f"{a['loss_db']:.1f} dB output SQNR ({a['all_int8_db']:.1f} dB all INT8, "
+                lines.append(f"attention: {a['gemms']} GEMMs {q if a['int8'] else 'float'}; {q} attention costs "
+                             f"{a['loss_db']:.1f} dB output SQNR ({a['all_int8_db']:.1f} dB all {q}, "
                              f"{a['attention_float_db']:.1f} dB with it float; {a['max_loss_db']:g} dB allowed)")
             else:
-                lines.append(f"attention: {a['gemms']} GEMMs {'INT8' if a['int8'] else 'float'} "
+                lines.append(f"attention: {a['gemms']} GEMMs {q if a['int8'] else 'float'} "
                              f"(--int8-attention {a['mode']}{'; ' + a['why'] if a.get('why') else ''})")
         if self.bias_corrected:
             lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
@@ -207,16 +212,16 @@ class InsertReport:
         if p and p["high_precision"] != "fp32":
             lines.append(f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
                          f"casts, {len(p['kept_fp32'])} nodes kept fp32); in onnxruntime, run it with "
-                         f"disabled_optimizers=['WeightBiasQuantization'] (README, Deployment)")
+                         f"disabled_optimizers={_ort_disabled(precision)} (README, Deployment)")
         if self.tensorrt:
             t = self.tensorrt
-            lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} INT8, {t['float_layers']} "
+            lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} {q}, {t['float_layers']} "
                          f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "
-                         f"INT8 FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)")
+                         f"{q} FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)")
             lines += _reformat_lines(t.get("inner_reformats", []), max_examples)
         if self.fallback:
             fb = self.fallback
-            lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all INT8 -> {fb['final_db']:.1f} dB with "
+            lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all {q} -> {fb['final_db']:.1f} dB with "
                          f"{len(fb['float_nodes'])} node(s) in float (budget {fb['budget_db']} dB, "
                          f"max {fb['max_float_layers']}; {fb['samples']} samples, {fb['seconds']:.1f} s)")
             for n in fb["float_nodes"]:
@@ -229,6 +234,13 @@ class InsertReport:
         if self.output:
             lines.append(f"wrote {self.output}")
         return "\n".join(lines)
+
+
+def _ort_disabled(precision: str) -> list[str]:
+    """The onnxruntime graph optimizations to turn off when running the written model (README,
+    Deployment): WeightBiasQuantization for FP16 islands, and for FP8 the Relu/Clip rewrites that
+    drop a Relu before an FP8 Q (qdqgraph.runtime.DISABLED_OPTIMIZERS)."""
+    return DISABLED_OPTIMIZERS if precision == "fp8" else DISABLED_OPTIMIZERS[:1]
 
 
 def _pct(share: float) -> str:

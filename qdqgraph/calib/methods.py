@@ -55,23 +55,24 @@ K1): the grid of a tensor calibrated to [-1, 1], the usual range of normalised a
 _MSE_CHUNK = 128              # candidate rows per block in the MSE search (bounds temp memory)
 
 
-def safe_scale(amax) -> np.float32:
-    """INT8 scale ``amax / 127`` as float32, always finite and > 0 (TRT rejects 0, NaN, negatives).
+def safe_scale(amax, qmax: float = INT8_MAX) -> np.float32:
+    """Scale ``amax / qmax`` (INT8: 127, FP8: 448) as float32, always finite and > 0 (TRT rejects 0,
+    NaN, negatives).
 
-    An amax that is not finite or is <= 2**-24 (zero range) gets `ZERO_RANGE_AMAX` / 127; an amax so
+    An amax that is not finite or is <= 2**-24 (zero range) gets `ZERO_RANGE_AMAX` / qmax; an amax so
     large that its scale overflows float32 gets the largest finite float32."""
     a = float(amax)
     if not (math.isfinite(a) and a > ZERO_RANGE_EPS):
         a = ZERO_RANGE_AMAX
     f32max = float(np.finfo(np.float32).max)
-    return np.float32(min(a / INT8_MAX, f32max))
+    return np.float32(min(a / qmax, f32max))
 
 
-def safe_scales(amax: np.ndarray) -> np.ndarray:
+def safe_scales(amax: np.ndarray, qmax: float = INT8_MAX) -> np.ndarray:
     """`safe_scale` of each element (per-channel scales), the same float32 values, vectorised."""
-    a = np.asarray(amax, dtype=np.float64).copy()
+    a = np.array(amax, dtype=np.float64, copy=True)
     a[~(np.isfinite(a) & (a > ZERO_RANGE_EPS))] = ZERO_RANGE_AMAX
-    return np.minimum(a / INT8_MAX, float(np.finfo(np.float32).max)).astype(np.float32)
+    return np.minimum(a / qmax, float(np.finfo(np.float32).max)).astype(np.float32)
 
 
 def compute_amax(state, method: str, percentile: float = 99.99) -> float:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 
 from ..calib.methods import METHODS
-from ..config import (ATTENTION_MAX_LOSS_DB, ATTENTION_MODES, DEFAULT_METHOD, DEFAULT_PERCENTILE,
-                      DEFAULT_SENSITIVITY_SAMPLES, DEFAULT_SMOOTH_ALPHA, QuantizeConfig)
+from ..config import (ATTENTION_MAX_LOSS_DB, ATTENTION_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_METHODS,
+                      DEFAULT_PERCENTILE, DEFAULT_SENSITIVITY_SAMPLES, DEFAULT_SMOOTH_ALPHA, INT4_METHODS,
+                      QuantizeConfig)
+from ..formats import PRECISIONS
 from ..errors import QdqError
 from ..passes.insert import WEIGHT_FORMATS
 from ..passes.precision import HIGH_PRECISIONS
@@ -44,8 +46,10 @@ def add_calibration(p, data_help: str = "calibration data: .npz (one array per i
                                           "folder of them, a folder of images (with --preprocess), or 'random'"):
     g = p.add_argument_group("calibration")
     g.add_argument("--calib", metavar="DATA", help=data_help)
-    g.add_argument("--method", default=DEFAULT_METHOD, choices=list(METHODS),
-                   help="how each tensor's range is chosen (percentile: the best on the model zoo; docs/CALIBRATION.md)")
+    g.add_argument("--method", default=None, choices=list(METHODS),
+                   help="how each tensor's range is chosen (default: " +
+                        ", ".join(f"{m} for {p}" for p, m in DEFAULT_METHODS.items() if p != "int4") +
+                        ", the best on the model zoo; docs/CALIBRATION.md)")
     g.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE,
                    help="for --method percentile: the percentile of |x| kept, in (0, 100]")
     g.add_argument("--batch-size", type=int, default=1,
@@ -150,7 +154,7 @@ def config(args, **extra) -> QuantizeConfig:
                  custom_op_libraries=tuple(args.custom_op_library), rules=tuple(args.rules),
                  exclude_ops=tuple(args.exclude_op), exclude_nodes=tuple(args.exclude_node),
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
-    for name in ("weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
+    for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
                  "max_float_layers", "sensitivity_samples", "int8_attention"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
@@ -167,5 +171,5 @@ def at_least(value, name: str, minimum: int) -> None:
 
 __all__ = ["Formatter", "Parser", "UsageError", "add_calibration", "add_placement", "add_runtime", "add_shapes",
            "add_engine", "add_output", "config", "providers", "check_providers", "fixed_inputs", "at_least",
-           "WEIGHT_FORMATS", "HIGH_PRECISIONS", "DEFAULT_SMOOTH_ALPHA", "DEFAULT_SENSITIVITY_SAMPLES",
+           "WEIGHT_FORMATS", "HIGH_PRECISIONS", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "INT4_METHODS", "DEFAULT_SMOOTH_ALPHA", "DEFAULT_SENSITIVITY_SAMPLES",
            "ATTENTION_MODES", "ATTENTION_MAX_LOSS_DB"]

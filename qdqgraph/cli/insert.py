@@ -15,6 +15,8 @@ EXAMPLES = """examples:
   qdqgraph insert model.onnx --calib-cache calib.json -o out.onnx --report report.json
   qdqgraph insert model.onnx --calib data.npz --accuracy-budget 30 --max-float-layers 5
   qdqgraph insert model.onnx --calib data.npz --exclude-op Softmax --include-node 'attn/.*'
+  qdqgraph insert model.onnx --calib data.npz --precision fp8     # FP8 (E4M3) for Ada, Hopper, Blackwell
+  qdqgraph insert model.onnx --calib data.npz --precision int4    # INT4 MatMul/Gemm weights, activations float
 """
 
 
@@ -30,6 +32,13 @@ def add(sub) -> None:
                                               "--calib, what it lacks is calibrated from the data)")
     a.add_placement(p)
     g = p.add_argument_group("precision")
+    g.add_argument("--precision", default="int8", choices=list(a.PRECISIONS),
+                   help="int8: INT8 activations and weights; fp8: FP8 E4M3 (Ada, Hopper and later); int4: INT4 "
+                        "MatMul/Gemm weights in blocks, activations left in the float type")
+    g.add_argument("--block-size", type=int, default=a.DEFAULT_BLOCK_SIZE, metavar="N",
+                   help="int4: weights per scale along the reduction axis (must divide it)")
+    g.add_argument("--int4-method", default="awq", choices=list(a.INT4_METHODS),
+                   help="int4: rtn (round to nearest) or awq (activation-aware scale and clip search on --calib)")
     g.add_argument("--weights", default="int8", choices=list(a.WEIGHT_FORMATS),
                    help="int8: INT8 initializer + DequantizeLinear; qdq: float weight + Q->DQ")
     g.add_argument("--high-precision", default="fp16", choices=list(a.HIGH_PRECISIONS),

@@ -1,6 +1,7 @@
 """Q/DQ invariants that every qdqgraph output must keep, and that `report` lints in any model."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -8,10 +9,15 @@ from ..ops import DEQUANTIZE, QUANTIZE
 from ..view import GraphView
 
 
+QUANTIZED_TYPES = {np.dtype(np.int8): "int8", np.dtype(ml_dtypes.float8_e4m3fn): "float8e4m3fn",
+                   np.dtype(ml_dtypes.int4): "int4"}     # the zero-point types TensorRT takes (TRT_RULES C2)
+
+
 def qdq_violations(graph: gs.Graph) -> list[str]:
     """One line per broken invariant (empty when the graph is sound):
-    scales constant, finite and > 0; zero points int8 and all 0; per-channel scales with an
-    explicit axis whose length matches; Q only on float tensors, DQ only of int8; no quantized bias."""
+    scales constant, finite and > 0; zero points int8, float8e4m3fn or int4, and all 0; per-channel
+    scales with an explicit axis whose length matches; blocked scales whose block size divides the
+    axis; Q only on float tensors, DQ only of the zero point's type; no quantized bias."""
     view = GraphView(graph)
     out = []
     for n in view.nodes:
@@ -24,15 +30,20 @@ def qdq_violations(graph: gs.Graph) -> list[str]:
             continue
         if not np.all(np.isfinite(s)) or not np.all(s > 0):
             out.append(f"{where}: scale has a value that is not finite and > 0")
+        qtype = np.dtype(np.int8)
         if len(n.inputs) > 2 and n.inputs[2].name:
             z = view.constant_value(n.inputs[2])
-            if z is None or z.dtype != np.int8:
-                out.append(f"{where}: zero point is not an int8 constant")
-            elif np.any(z != 0):
+            if z is None or np.dtype(z.dtype) not in QUANTIZED_TYPES:
+                out.append(f"{where}: zero point is not an int8, float8e4m3fn or int4 constant")
+                continue
+            qtype = np.dtype(z.dtype)
+            if np.any(z.astype(np.float32) != 0):
                 out.append(f"{where}: zero point is not 0 (TensorRT is symmetric only)")
         x = n.inputs[0]
         rank = len(view.shape(x) or ()) or None
-        if s.ndim == 1 and s.size > 1:
+        if "block_size" in n.attrs:
+            out += _block_violations(where, n, s, view.shape(x))
+        elif s.ndim == 1 and s.size > 1:
             if "axis" not in n.attrs:
                 out.append(f"{where}: per-channel scale without an explicit axis (TensorRT would use axis 0)")
             else:
@@ -42,10 +53,25 @@ def qdq_violations(graph: gs.Graph) -> list[str]:
                     out.append(f"{where}: {s.size} scales for axis {ax} of size {shape[ax % rank]}")
         if n.op == QUANTIZE and view.dtype(x) is not None and not view.is_float(x):
             out.append(f"{where}: quantizes a non-float tensor {x.name}")
-        if n.op == DEQUANTIZE and view.dtype(x) is not None and np.dtype(view.dtype(x)) != np.int8:
-            out.append(f"{where}: dequantizes {np.dtype(view.dtype(x)).name}, not int8")
+        if n.op == DEQUANTIZE and view.dtype(x) is not None and np.dtype(view.dtype(x)) != qtype:
+            out.append(f"{where}: dequantizes {np.dtype(view.dtype(x)).name}, not {QUANTIZED_TYPES[qtype]} "
+                       f"(its zero point's type)")
         if n.op == DEQUANTIZE:
             for c, i in view.consumers(n.outputs[0]):
                 if (view.vocab.is_(c, "conv") or view.vocab.is_(c, "gemm")) and i == 2:
                     out.append(f"{where}: quantizes the bias of {c.name} (TensorRT quantizes bias itself)")
     return out
+
+
+def _block_violations(where: str, n: gs.Node, s: np.ndarray, shape) -> list[str]:
+    """Blocked (INT4) scales: the input's rank, and a block size that divides the blocked axis
+    (TRT_RULES C3, C5)."""
+    block, ax = int(n.attrs["block_size"]), int(n.attrs.get("axis", 1))
+    if not shape or s.ndim != len(shape):
+        return [f"{where}: blocked scales must have the input's rank"]
+    k = shape[ax % len(shape)]
+    if isinstance(k, int) and (block <= 0 or k % block):
+        return [f"{where}: block size {block} does not divide axis {ax} of size {k}"]
+    if isinstance(k, int) and s.shape[ax % len(shape)] != k // block:
+        return [f"{where}: {s.shape[ax % len(shape)]} scale blocks for axis {ax} of size {k} in blocks of {block}"]
+    return []

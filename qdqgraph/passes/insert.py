@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..calib.methods import safe_scale, safe_scales
+from ..formats import INT8, Format
 from ..ops import DEQUANTIZE, QUANTIZE
 from ..placement.plan import Plan, Site
 from ..view import GraphView
@@ -35,19 +35,19 @@ class _Names:
         return name
 
 
-def weight_scales(w: np.ndarray, axis: int | None) -> np.ndarray:
+def weight_scales(w: np.ndarray, axis: int | None, fmt: Format = INT8) -> np.ndarray:
     """float32 scale(s) for a weight: per channel along `axis`, or one per tensor."""
     a = np.abs(w.astype(np.float32))
     if axis is None:
-        return np.asarray(safe_scale(float(a.max()) if a.size else 0.0), dtype=np.float32)
+        return np.asarray(fmt.scale_of(float(a.max()) if a.size else 0.0), dtype=np.float32)
     amax = a.max(axis=tuple(d for d in range(w.ndim) if d != axis)) if w.ndim > 1 else a
-    return safe_scales(amax)
+    return fmt.scale_of(amax)
 
 
-def quantize_weight(w: np.ndarray, scale: np.ndarray, axis: int | None) -> np.ndarray:
-    """Symmetric int8 with round-half-to-even (as TensorRT's IQuantizeLayer)."""
+def quantize_weight(w: np.ndarray, scale: np.ndarray, axis: int | None, fmt: Format = INT8) -> np.ndarray:
+    """Symmetric, round-half-to-even and saturating (as TensorRT's IQuantizeLayer), in `fmt`."""
     s = scale if axis is None else scale.reshape([-1 if d == axis else 1 for d in range(w.ndim)])
-    return np.clip(np.rint(w.astype(np.float32) / s), -128, 127).astype(np.int8)
+    return fmt.quantize(w, s)
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,14 @@ class Insertion:
     """One site's Q/DQ as insertion will write it."""
 
     site: Site
-    source: str                   # the tensor that is quantized (a weight's INT8 copy when stored INT8)
-    int8: np.ndarray | None       # the INT8 weight, when stored INT8
+    source: str                   # the tensor that is quantized (a weight's quantized copy when stored so)
+    stored: np.ndarray | None     # the quantized (INT8 or FP8) weight, when stored quantized
     scale_name: str
     scale: np.ndarray
     zero_point_name: str
     zero_point: np.ndarray
     axis: int | None
-    q: tuple[str, str] | None     # (Q node, its INT8 output), absent for an INT8 weight
+    q: tuple[str, str] | None     # (Q node, its quantized output), absent for a stored weight
     dq: tuple[str, str]           # (DQ node, its float output)
     dtype: object                 # the float type of the DQ output
     shape: object
@@ -70,7 +70,7 @@ class Insertion:
 
 
 def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8",
-                       view: GraphView | None = None) -> list[Insertion]:
+                       view: GraphView | None = None, fmt: Format = INT8) -> list[Insertion]:
     """What `insert_qdq` will add for `plan` (pure: the graph is read, not changed)."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}")
@@ -80,25 +80,25 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
     for site in sorted(plan.sites.values(), key=lambda s: s.tensor):
         t = view.tensors[site.tensor]
         base = site.tensor
-        int8 = None
+        stored = None
         zero_range = False
         if site.kind == "activation":
             a = amax.get(site.group or site.tensor, amax.get(site.tensor))
             if a is None:
                 raise KeyError(f"no calibrated range for tensor {site.tensor!r}")
             zero_range = not (np.isfinite(a) and a > 2.0 ** -24)
-            scale = np.array(safe_scale(a), dtype=np.float32)
-            zp = np.array(0, dtype=np.int8)
+            scale = np.array(fmt.scale_of(a), dtype=np.float32)
+            zp = np.zeros((), dtype=fmt.zero_point)
             axis, source = None, site.tensor
         else:
             w = view.constant_value(t)
             axis = site.axis
-            scale = weight_scales(w, axis)
-            zp = np.zeros(scale.shape, dtype=np.int8)
+            scale = weight_scales(w, axis, fmt)
+            zp = np.zeros(scale.shape, dtype=fmt.zero_point)
             source = site.tensor
             if weights == "int8":
-                int8 = quantize_weight(w, scale, axis)
-                source = names(f"{base}_int8")
+                stored = quantize_weight(w, scale, axis, fmt)
+                source = names(f"{base}_{fmt.name}")
         scale_name, zp_name = names(f"{base}_scale"), names(f"{base}_zero_point")
         q = None
         if site.kind == "activation" or weights == "qdq":
@@ -108,13 +108,14 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
         shape = list(t.values.shape) if isinstance(t, gs.Constant) else t.shape
         dq_out = names(f"{base}_dequantized")
         dq = (names(f"{base}_dq"), dq_out)
-        out.append(Insertion(site, source, int8, scale_name, scale, zp_name, zp, axis, q, dq, dtype, shape, zero_range))
+        out.append(Insertion(site, source, stored, scale_name, scale, zp_name, zp, axis, q, dq, dtype, shape, zero_range))
     return out
 
 
-def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8") -> PassResult:
-    """Add one Q->DQ per activation site (shared by all its quantized consumers) and an INT8
-    weight + DQ (or float weight + Q->DQ with weights="qdq") per weight site. `amax` maps each
+def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8",
+               fmt: Format = INT8) -> PassResult:
+    """Add one Q->DQ per activation site (shared by all its quantized consumers) and a quantized
+    weight + DQ (or float weight + Q->DQ with weights="qdq") per weight site, in `fmt` (INT8, FP8). `amax` maps each
     activation tensor (or scale group) to its calibrated range. Modifies `graph`; details:
     `activations`, `weights` (counts), `provenance` (inserted node -> rule id), `zero_range`."""
     view = GraphView(graph)
@@ -122,16 +123,16 @@ def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str
     provenance: dict[str, str] = {}
     counts = {"activation": 0, "weight": 0}
     zero_range = []
-    for ins in planned_insertions(graph, plan, amax, weights, view):
+    for ins in planned_insertions(graph, plan, amax, weights, view, fmt):
         site = ins.site
         t = view.tensors[site.tensor]
-        src = gs.Constant(ins.source, ins.int8) if ins.int8 is not None else t
+        src = gs.Constant(ins.source, ins.stored) if ins.stored is not None else t
         s_const = gs.Constant(ins.scale_name, ins.scale)
         z_const = gs.Constant(ins.zero_point_name, ins.zero_point)
         attrs = {"axis": int(ins.axis)} if ins.axis is not None else {}
         dq_in = src
         if ins.q is not None:
-            q_out = gs.Variable(ins.q[1], dtype=np.int8, shape=ins.shape)
+            q_out = gs.Variable(ins.q[1], dtype=fmt.zero_point, shape=ins.shape)
             q = gs.Node(QUANTIZE, name=ins.q[0], inputs=[src, s_const, z_const], outputs=[q_out], attrs=dict(attrs))
             graph.nodes.append(q)
             provenance[q.name] = site.rule

@@ -17,7 +17,11 @@ def _dequantize(view, dq) -> np.ndarray | None:
     if q is None or s is None:
         return None
     axis = dq.attrs.get("axis", 1)
-    if s.ndim == 1 and s.size > 1:
+    if "block_size" in dq.attrs:                    # blocked (INT4): each scale covers block_size elements
+        block = int(dq.attrs["block_size"])
+        s = np.repeat(s, block, axis=axis % q.ndim)
+        z = np.repeat(z, block, axis=axis % q.ndim) if z.shape else z
+    elif s.ndim == 1 and s.size > 1:
         shape = [-1 if d == (axis % q.ndim) else 1 for d in range(q.ndim)]
         s, z = s.reshape(shape), z.reshape(shape)
     return ((q.astype(np.float32) - z.astype(np.float32)) * s).astype(s.dtype)

@@ -13,6 +13,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from .. import attention
+from ..errors import QdqError
 from ..pointwise import region_source
 from ..rulebook.match import Conditions, hit, miss
 from ..view import GraphView
@@ -392,6 +393,30 @@ def _attention_length(ctx, node):
     return d if isinstance(d, (int, np.integer)) and d > 0 else None
 
 
+@CONDITIONS.register("attention_head_size")
+def c_attention_head_size(ctx, node, arg):
+    """The attention's head size (the reduction length of its first GEMM, q's last dimension) lies in
+    LOW-HIGH and is a multiple of STEP: `arg` is "LOW-HIGH/STEP". Not fixed in the model: a hit,
+    with the limits in the reason."""
+    try:
+        span, step = arg.split("/")
+        low, high = (int(x) for x in span.split("-"))
+        step = int(step)
+    except ValueError:
+        raise QdqError(f"attention_head_size takes LOW-HIGH/STEP, e.g. 9-256/16, not {arg!r}",
+                       "fix the rule file") from None
+    found = _attention(ctx, node)
+    if found is None:
+        return miss("not a batched GEMM of an attention block")
+    shape = ctx.graph.shape(found[0].bmm1.inputs[0])
+    h = shape[-1] if shape else None
+    if not isinstance(h, (int, np.integer)) or h <= 0:
+        return hit(f"head size not fixed in the model (the fused attention needs {low}..{high}, a multiple of {step})")
+    if not (low <= h <= high and h % step == 0):
+        return miss(f"head size {h} is not a multiple of {step} in {low}..{high}")
+    return hit(f"head size {h}")
+
+
 @CONDITIONS.register("attention_length")
 def c_attention_length(ctx, node, arg):
     """The attention's sequence length is at most `arg` (or not fixed in the model: then the engine's
@@ -401,6 +426,6 @@ def c_attention_length(ctx, node, arg):
     if n is None:
         return hit(f"sequence length not fixed in the model (INT8 attention needs it <= {limit})")
     if n > limit:
-        return miss(f"sequence length {n} > {limit}: TensorRT's fused INT8 attention covers at most {limit}")
+        return miss(f"sequence length {n} > {limit}: TensorRT's fused attention covers at most {limit} here")
     return hit(f"sequence length {n}")
 

@@ -46,14 +46,14 @@ def _add(g: SimGraph, ins: Insertion) -> None:
     shape = tuple(ins.shape) if ins.shape is not None else None
     for name, value in ((ins.scale_name, ins.scale), (ins.zero_point_name, ins.zero_point)):
         g.tensors[name] = STensor(name, value.dtype, tuple(value.shape), value)
-    if ins.int8 is not None:
-        g.tensors[ins.source] = STensor(ins.source, ins.int8.dtype, tuple(ins.int8.shape), ins.int8)
+    if ins.stored is not None:
+        g.tensors[ins.source] = STensor(ins.source, ins.stored.dtype, tuple(ins.stored.shape), ins.stored)
     qp = None
     attrs = {"axis": int(ins.axis)} if ins.axis is not None else {}
     src = ins.source
     if ins.q is not None:
         name, out = ins.q
-        g.tensors[out] = STensor(out, np.dtype(np.int8), shape)
+        g.tensors[out] = STensor(out, ins.zero_point.dtype, shape)
         qp = QParams(ins.scale, ins.zero_point, ins.axis if ins.scale.size > 1 else None, owner=name)
         g.add(SNode(name, QUANTIZE, [src, ins.scale_name, ins.zero_point_name], [out], dict(attrs), Q, qp,
                     origin=[name]))

@@ -163,11 +163,16 @@ def _region(t: Table) -> RegionRule:
     return RegionRule(t.id, t.doc, t.ref, t.source, float(share))
 
 
-def load_ruleset(extra: list[str | Path] | tuple = ()) -> RuleSet:
+PRECISION_FILES = {"fp8": "fp8.toml"}     # where a precision's placement differs from INT8's
+
+
+def load_ruleset(extra: list[str | Path] | tuple = (), precision: str = "int8") -> RuleSet:
     """The bundled rules plus users' files; a user rule replaces a bundled one with the same id and
-    otherwise comes first."""
+    otherwise comes first. A precision's own file (rules/fp8.toml) is read between the two, as a
+    user's file would be: its tables replace the placement tables of the same id."""
     vocab = vocabulary()
-    tables = load_tables([Path(p) for p in extra] + [bundled("placement.toml")], SPECS, bundled=1)
+    layer = [bundled(PRECISION_FILES[precision])] if precision in PRECISION_FILES else []
+    tables = load_tables([Path(p) for p in extra] + layer + [bundled("placement.toml")], SPECS, bundled=1)
     rules = [_rule(t, vocab) for t in tables if t.kind != "region"]
     regions = [_region(t) for t in tables if t.kind == "region"]
     return RuleSet(exclusions=tuple(r for r in rules if r.is_exclusion),

@@ -60,6 +60,7 @@ class SimReport:
     misses: dict = field(default_factory=dict)                # node -> {rule id: why it did not apply}
     shapes: dict = field(default_factory=dict)                # tensor -> shape, for the ONNX export
     final: object = field(default=None, repr=False)           # (SimGraph after propagation, rule set)
+    quantized: str = "INT8"                                   # the Q/DQ's types: INT8, FP8, INT4, or "A+B"
 
     @property
     def reformats(self) -> list[Layer]:
@@ -73,7 +74,7 @@ class SimReport:
         return {"layers": len(self.layers), "int8_layers": sum(1 for x in compute if x.int8),
                 "float_layers": sum(1 for x in compute if not x.int8), "reformats": len(self.reformats),
                 "reformats_inside": sum(1 for x in self.reformats if not x.at_graph_io),
-                "int8_flops_share": round(int8_flops / total, 6) if total else 0.0}
+                "int8_flops_share": round(int8_flops / total, 6) if total else 0.0, "quantized": self.quantized}
 
     def to_dict(self) -> dict:
         return {"layers": [x.to_json() for x in self.layers], "summary": self.summary,
@@ -130,9 +131,10 @@ class SimReport:
                 for rule, why in x.why:
                     lines.append(" " * (widths[0] + 2) + f"- {rule}: {why}")
         s = self.summary
-        lines.append(f"{s['layers']} layers: {s['int8_layers']} INT8, {s['float_layers']} float, "
+        q = self.quantized
+        lines.append(f"{s['layers']} layers: {s['int8_layers']} {q}, {s['float_layers']} float, "
                      f"{s['reformats']} reformats ({s['reformats_inside']} inside the network; * = at a graph "
-                     f"input/output); INT8 FLOPs {100 * s['int8_flops_share']:.1f}%")
+                     f"input/output); {q} FLOPs {100 * s['int8_flops_share']:.1f}%")
         return "\n".join(lines)
 
     def to_onnx(self):

@@ -2,12 +2,13 @@
 SimReport. The caller's graph is never modified."""
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from .conditions import LayerBuild
 from .flops import node_flops
 from .fuse import Fuser
-from .ir import SimGraph
+from .ir import DQ, Q, SimGraph
 from .propagate import eliminate_no_ops, fold_weights, pair_up, propagate
 from .report import Layer, Port, SimReport
 from .rules import SimRuleSet, load_sim_rules
@@ -34,6 +35,7 @@ def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | No
     rules = rules or load_sim_rules()
     graph_io = [[(t, g.tensors[t].dtype, g.tensors[t].shape) if t in g.tensors else (t, None, None) for t in names]
                 for names in (g.inputs, g.outputs)]
+    quantized = quantized_types(g)
     unused = g.prune()
     trace = Trace()
     no_ops = eliminate_no_ops(g, rules, trace)
@@ -58,8 +60,22 @@ def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | No
         events=[{"rule": e.rule, "nodes": e.nodes, "detail": e.detail} for e in trace.events],
         node_names=set(g.onnx_names),
         graph_inputs=graph_io[0], graph_outputs=graph_io[1],
-        steps=steps, misses=trace.misses, final=(g, rules),
+        steps=steps, misses=trace.misses, final=(g, rules), quantized=quantized,
         shapes={t.name: t.shape for t in g.tensors.values() if t.shape is not None})
+
+
+def quantized_types(g: SimGraph) -> str:
+    """The quantized types the graph's Q/DQ carry, by their zero points (TRT_RULES C2): "INT8",
+    "FP8", "INT4", or several joined by "+" (INT8 when no zero point says otherwise)."""
+    found = set()
+    for n in g.nodes.values():
+        qp = n.qp if n.role in (Q, DQ) else None
+        zp = qp.zero_point if qp is not None else None
+        found.add(QUANTIZED_NAMES.get(np.dtype(zp.dtype).name, "INT8") if zp is not None else "INT8")
+    return "+".join(sorted(found)) if found else "INT8"
+
+
+QUANTIZED_NAMES = {"int8": "INT8", "float8_e4m3fn": "FP8", "int4": "INT4"}
 
 
 def _layer(g: SimGraph, b: LayerBuild, trace: Trace) -> Layer:

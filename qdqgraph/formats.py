@@ -1,0 +1,73 @@
+"""The quantized number formats a Q/DQ model can carry, and what each means for scales and weights.
+
+TensorRT takes the quantized type from the zero point's type (docs/TRT_RULES.md C2) and quantizes
+as `clamp(round(x / s))` with round-half-to-even (C4):
+
+- `int8`: zero point int8 0, range [-128, 127], scale = amax / 127 (TensorRT's and PyTorch's
+  quantization toolkit's convention); opset 13 for per-channel weights.
+- `fp8`: zero point float8e4m3fn 0, range [-448, 448] (E4M3, saturating), scale = amax / 448 (C4);
+  opset 19 (the first with float8 types, C1). FP8 runs on Ada/Hopper and later (C5).
+- `int4`: weights only, in blocks along the reduction axis (qdqgraph.passes.int4_weights);
+  activations stay in the float type. Opset 21 (blocked DequantizeLinear, INT4, C1).
+
+`precision` names the format of a run (insert --precision); int8 is the default.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+PRECISIONS = ("int8", "fp8", "int4")
+DEFAULT_PRECISION = "int8"
+# the opset each precision's Q/DQ need (TRT_RULES C1), and why, for the messages
+OPSETS = {"int8": (13, "per-channel Q/DQ"), "fp8": (19, "FP8 Q/DQ (float8e4m3fn)"),
+          "int4": (21, "INT4 block-quantized weights")}
+
+
+def label(precision: str | None) -> str:
+    """How reports name the quantized layers of a run: INT8, FP8 (INT4 weights: INT4)."""
+    return (precision or DEFAULT_PRECISION).upper()
+
+
+@dataclass(frozen=True)
+class Format:
+    """How activations and weights of one precision are quantized."""
+
+    name: str
+    qmax: float                # amax maps to this quantized value: scale = amax / qmax
+    zero_point: np.dtype       # the zero point's (and the quantized tensor's) type
+    min_opset: int             # the ONNX opset that has the type (and per-channel axis)
+
+    def scale_of(self, amax):
+        """float32 scale(s) for amax value(s), always finite and > 0 (TRT_RULES C3)."""
+        from .calib.methods import safe_scales
+        return safe_scales(np.asarray(amax, dtype=np.float64), self.qmax)
+
+    def quantize(self, x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        """`x / scale` in this format, as TensorRT's IQuantizeLayer (round half to even, saturate)."""
+        v = x.astype(np.float32) / scale
+        if self.zero_point == np.int8:
+            return np.clip(np.rint(v), -128, 127).astype(np.int8)
+        return np.clip(v, -self.qmax, self.qmax).astype(self.zero_point)
+
+    def fake_quantize(self, x: np.ndarray, scale) -> np.ndarray:
+        """Quantize then dequantize (float32), for measuring the error a scale causes."""
+        return self.quantize(x, scale).astype(np.float32) * scale
+
+
+INT8 = Format("int8", 127.0, np.dtype(np.int8), OPSETS["int8"][0])
+FP8 = Format("fp8", 448.0, np.dtype(ml_dtypes.float8_e4m3fn), OPSETS["fp8"][0])
+ACTIVATION_FORMATS = {"int8": INT8, "fp8": FP8}
+
+
+def activation_format(precision: str) -> Format | None:
+    """The Q/DQ format of a run's activations (and INT8/FP8 weights); None for int4 (weight-only)."""
+    return ACTIVATION_FORMATS.get(precision)
+
+
+def format_of_zero_point(dtype) -> Format | None:
+    """The format a Q/DQ's zero-point type selects (TRT_RULES C2), None for others (uint8, int4)."""
+    d = np.dtype(dtype)
+    return next((f for f in ACTIVATION_FORMATS.values() if f.zero_point == d), None)
