@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..ops import DEQUANTIZE, QUANTIZE
