@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -57,7 +58,9 @@ def opset_of(model: onnx.ModelProto) -> int:
 
 def declared_bytes(t: onnx.TensorProto) -> int:
     """The size a tensor's shape and type call for (reading len(raw_data) copies the data: 13 ms
-    per pass over ResNet-50's weights)."""
+    per pass over ResNet-50's weights). 4-bit types hold two values per byte."""
+    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return (math.prod(t.dims) + 1) // 2
     return math.prod(t.dims) * _itemsize(t.data_type)
 
 
@@ -278,6 +281,19 @@ def _materialize(graph: gs.Graph) -> None:
                 t.dtype = onnx.helper.tensor_dtype_to_np_dtype(t.dtype)
 
 
+_4BIT = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
+
+
+def _pack_4bit(graph: gs.Graph) -> None:
+    """graphsurgeon 0.6.1 writes an int4 array one value per byte, which onnx rejects: hand it
+    those constants as TensorProtos onnx packed (two values per byte), which it writes as they are."""
+    for g in [graph, *graph.subgraphs(recursive=True)]:
+        for t in g.tensors().values():
+            if isinstance(t, gs.Constant) and not isinstance(t._values, gs.ir.tensor.LazyValues) \
+                    and np.dtype(t.values.dtype) in _4BIT:
+                t.values = gs.ir.tensor.LazyValues(onnx.numpy_helper.from_array(t.values, t.name))
+
+
 def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: bool = True) -> onnx.ModelProto:
     """Export the graph back to a ModelProto, keeping model-level fields and stamping rule ids.
     The graph is cleaned up and sorted first, unless `tidy` is False (the caller's last pass just
@@ -285,6 +301,7 @@ def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: boo
     graph = loaded.graph
     if tidy:
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    _pack_4bit(graph)
     model = gs.export_onnx(graph, do_type_check=True)
     model.ir_version = max(loaded.ir_version, 7)
     model.producer_name = loaded.producer_name or "qdqgraph"

@@ -27,6 +27,7 @@ from .errors import InvariantError, QdqError
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
 from .passes.insert import insert_qdq
+from .passes.int4_weights import int4_targets, quantize_int4_weights
 from .passes.precision import MIN_OPSET as PRECISION_OPSET
 from .passes.precision import lower_float_islands, measure_ranges
 from .passes import output_aware
@@ -87,6 +88,9 @@ def fewer_collections():
 
 
 def _require_data(cfg: QuantizeConfig, calib, calib_cache) -> None:
+    if cfg.precision == "int4":
+        _require_int4_data(cfg, calib)
+        return
     if calib is None and calib_cache is None:
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz (or --calib random to insert Q/DQ with meaningless scales)")
@@ -130,6 +134,8 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             report.warnings.append("calibrated on random data: the scales say nothing about accuracy")
     with report.stage("clean"):
         report.add(clean(loaded))
+    if cfg.precision == "int4":
+        return _quantize_int4(loaded, data if is_real(calib) else None, cfg, report)
     with report.stage("plan"):
         plan = plan_for(loaded, cfg)
         report.warnings += check_plan(loaded, plan)
@@ -195,6 +201,46 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     with report.stage("simulate"):
         _predict(final, report)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
+    return Result(model_out, plan, report, cfg)
+
+
+def _require_int4_data(cfg: QuantizeConfig, calib) -> None:
+    """INT4 weights calibrate no activation: only AWQ reads data, and only rules decide."""
+    if cfg.int4_method == "awq" and not is_real(calib):
+        raise QdqError("--int4-method awq searches scales on calibration data, and none was given",
+                       "pass --calib DATA.npz, or --int4-method rtn (round to nearest, no data)")
+    for flag, on in (("--accuracy-budget/--max-float-layers", cfg.fallback), ("--smooth-quant", cfg.smooth_quant is not None),
+                     ("--bias-correction", cfg.bias_correction)):
+        if on:
+            raise QdqError(f"{flag} applies to INT8 and FP8 activations, not to --precision int4",
+                           f"drop {flag.split('/')[0]}, or use --precision int8 or fp8")
+
+
+def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: QuantizeConfig,
+                   report: InsertReport) -> Result:
+    """INT4 weights: the plan (rules/int4.toml over placement.toml, users' rules and selections)
+    picks the MatMul/Gemm weights; each becomes an INT4 blocked DequantizeLinear
+    (qdqgraph.passes.int4_weights); activations stay in the float type, made FP16 by the islands."""
+    with report.stage("plan"):
+        plan = plan_for(loaded, cfg)
+        chosen = {name for s in plan.weight_sites() for name, _ in s.edges}
+        excluded = frozenset(t.node for t in int4_targets(loaded.graph) if t.node not in chosen)
+        if not chosen - excluded:
+            raise QdqError("no MatMul or Gemm weight to quantize to INT4 (INT4 is weight-only, for GEMMs "
+                           "with a constant 2-D weight)", "use --precision int8 or fp8 for this model")
+    with report.stage("int4 weights"):
+        int4 = quantize_int4_weights(loaded, block_size=cfg.block_size, method=cfg.int4_method, data=data,
+                                     exclude=excluded)
+        report.add([int4])
+        report.int4 = {k: int4[k] for k in ("bytes_before", "bytes_after")} | {
+            "weights": len(int4["weights"]), "method": cfg.int4_method, "block_size": cfg.block_size}
+        violations = qdq_violations(loaded.graph)
+        if violations:
+            raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
+    provenance = {f"{w}_int4_dequantize": "I4-weight" for w in int4["weights"]}
+    model_out, final = _deploy(loaded, provenance, cfg, data, report)
+    with report.stage("simulate"):
+        _predict(final, report)
     return Result(model_out, plan, report, cfg)
 
 

@@ -38,6 +38,7 @@ class InsertReport:
     notes: list[str] = field(default_factory=list)            # why little or nothing was quantized
     fallback: dict | None = None
     attention: dict | None = None     # --int8-attention: what was measured and decided
+    int4: dict | None = None          # --precision int4: weights, bytes before and after
     tensorrt: dict | None = None      # the simulator's summary of the written model
 
     # ------------------------------------------------------------------ filled by the stages
@@ -142,7 +143,7 @@ class InsertReport:
         out["passes"] = [p.to_dict() for p in self.passes]
         out["stages"] = {k: round(v, 4) for k, v in self.stages.items()}
         for name in ("no_ops_removed", "constants_folded", "ifs_inlined", "batchnorm_folded", "batchnorm_kept",
-                     "fixed_inputs", "smoothed", "bias_corrected", "precision", "output_aware"):
+                     "fixed_inputs", "smoothed", "bias_corrected", "precision", "output_aware", "int4"):
             out[name] = getattr(self, name)
         return out
 
@@ -173,7 +174,13 @@ class InsertReport:
             lines.append(f"  kept {bn['node']}: {bn['reason']}")
         if self.samples:
             lines.append(f"calibrated: {self.method} over {self.samples} samples in {self.calibration_seconds:.1f} s")
-        lines.append(f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ")
+        if self.int4:
+            i = self.int4
+            lines.append(f"INT4 weights: {i['weights']} MatMul/Gemm weights in blocks of {i['block_size']} "
+                         f"({i['method']}), {i['bytes_before'] / 2**20:.1f} MiB -> {i['bytes_after'] / 2**20:.1f} MiB; "
+                         f"activations stay in the float type")
+        else:
+            lines.append(f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ")
         smoothed = self.smoothed
         if smoothed:
             nodes = sum(len(v) for v in smoothed.values())
@@ -197,7 +204,8 @@ class InsertReport:
         if self.bias_corrected:
             lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
         width = max([len(op) for op in self.ops] + [7])
-        lines.append(f"  {'op':<{width}}  quantized  skipped")
+        if self.ops:
+            lines.append(f"  {'op':<{width}}  quantized  skipped")
         for op, c in self.ops.items():
             lines.append(f"  {op:<{width}}  {c['quantized']:>9}  {c['skipped']:>7}")
         by_rule: dict[tuple, list[str]] = defaultdict(list)
@@ -213,7 +221,11 @@ class InsertReport:
             lines.append(f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
                          f"casts, {len(p['kept_fp32'])} nodes kept fp32); in onnxruntime, run it with "
                          f"disabled_optimizers={_ort_disabled(precision)} (README, Deployment)")
-        if self.tensorrt:
+        if self.tensorrt and self.int4:
+            t = self.tensorrt
+            lines.append(f"TensorRT prediction: {t['layers']} layers, {t['reformats']} reformats; the GEMMs with INT4 "
+                         f"weights run in the float type of their activations (weight-only)")
+        elif self.tensorrt:
             t = self.tensorrt
             lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} {q}, {t['float_layers']} "
                          f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "

@@ -163,12 +163,12 @@ def _region(t: Table) -> RegionRule:
     return RegionRule(t.id, t.doc, t.ref, t.source, float(share))
 
 
-PRECISION_FILES = {"fp8": "fp8.toml"}     # where a precision's placement differs from INT8's
+PRECISION_FILES = {"fp8": "fp8.toml", "int4": "int4.toml"}     # where a precision's placement differs from INT8's
 
 
 def load_ruleset(extra: list[str | Path] | tuple = (), precision: str = "int8") -> RuleSet:
     """The bundled rules plus users' files; a user rule replaces a bundled one with the same id and
-    otherwise comes first. A precision's own file (rules/fp8.toml) is read between the two, as a
+    otherwise comes first. A precision's own file (rules/fp8.toml, int4.toml) is read between the two, as a
     user's file would be: its tables replace the placement tables of the same id."""
     vocab = vocabulary()
     layer = [bundled(PRECISION_FILES[precision])] if precision in PRECISION_FILES else []

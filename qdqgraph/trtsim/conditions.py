@@ -155,15 +155,18 @@ def c_inputs_equal_dq(ctx, node, arg):
 
 # ---------------------------------------------------------------------------- weights, merge, cancel
 
+LOW_BIT_TYPES = ("float8_e4m3fn", "int4", "uint4")      # ml_dtypes types numpy does not call integers
+
+
 @CONDITIONS.register("constant_input")
 def c_constant_input(ctx, node, arg):
-    """Input 0 is a constant of the given kind: "int8" or "float"."""
+    """Input 0 is a constant of the given kind: "quantized" (INT8, FP8 or INT4) or "float"."""
     t = node.inputs[0]
     v = ctx.graph.const(t)
     if v is None or ctx.graph.tensors[t].weight_of:
         return miss(f"input {t} is not a constant")
-    if arg == "int8" and v.dtype.kind not in "iu":
-        return miss(f"input {t} is a {v.dtype} constant, not an integer one")
+    if arg == "quantized" and v.dtype.kind not in "iu" and v.dtype.name not in LOW_BIT_TYPES:
+        return miss(f"input {t} is a {v.dtype} constant, not a quantized (INT8, FP8, INT4) one")
     if arg == "float" and v.dtype.kind != "f":
         return miss(f"input {t} is a {v.dtype} constant, not a float one")
     return hit()

@@ -69,8 +69,9 @@ def quantized_types(g: SimGraph) -> str:
     "FP8", "INT4", or several joined by "+" (INT8 when no zero point says otherwise)."""
     found = set()
     for n in g.nodes.values():
-        qp = n.qp if n.role in (Q, DQ) else None
-        zp = qp.zero_point if qp is not None else None
+        if n.role not in (Q, DQ):
+            continue
+        zp = n.qp.zero_point if n.qp is not None else None
         found.add(QUANTIZED_NAMES.get(np.dtype(zp.dtype).name, "INT8") if zp is not None else "INT8")
     return "+".join(sorted(found)) if found else "INT8"
 
