@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("QDQGRAPH_SHARED", REPO.parent / "shared"))
 ZOO = Path(os.environ.get("QDQGRAPH_ZOO", "/tmp/qdqgraph-zoo"))
 TFM = Path(os.environ.get("QDQGRAPH_TRANSFORMERS", "/tmp/qdqgraph-tfm"))
+LAUNCHER: list[str] = []          # e.g. [benchmarks/eval_safe.py]: scores with onnxruntime's faulty rewrites off
+DISABLED: list[str] = []          # the same for the sessions opened here
 MODELS = ["minilm_l6_v2", "vit_s_focus", "gector_distilbert", "whisper_tiny_en_encoder", "whisper_tiny_en_decoder"]
 
 # name -> (what it shows, options)
@@ -111,7 +113,7 @@ def score_tfm(folder: Path, names, out_json: Path) -> dict:
     names = [n for n in names if n != "minilm_l6_v2" and (folder / f"{n}.onnx").exists()]
     if not names:
         return {}
-    cmd = [str(TFM / "venv" / "bin" / "python"), str(REPO / "benchmarks" / "transformers" / "evaluate.py"),
+    cmd = [str(TFM / "venv" / "bin" / "python"), *LAUNCHER, str(REPO / "benchmarks" / "transformers" / "evaluate.py"),
            str(TFM / "models"), str(TFM / "data"), "--compare", str(folder), "--only", ",".join(names),
            "--json", str(out_json)]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -124,7 +126,7 @@ def score_minilm(folder: Path, out_json: Path) -> dict:
     f = folder / "minilm_l6_v2.onnx"
     if not f.exists():
         return {}
-    cmd = [str(ZOO / "venv" / "bin" / "python"), str(SHARED / "zoo" / "eval_models.py"), str(ZOO / "models"),
+    cmd = [str(ZOO / "venv" / "bin" / "python"), *LAUNCHER, str(SHARED / "zoo" / "eval_models.py"), str(ZOO / "models"),
            str(ZOO / "data"), "--only", "minilm_l6_v2", "--compare", str(folder), "--json", str(out_json)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     res = json.loads(out_json.read_text()).get("minilm_l6_v2", {}) if p.returncode == 0 and out_json.exists() else \
@@ -138,8 +140,8 @@ def minilm_fidelity(path: Path) -> dict:
     import onnxruntime as ort
     model, _, data = paths("minilm_l6_v2")
     z = np.load(data)
-    f = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    q = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    f = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED)
+    q = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED)
     names = [i.name for i in f.get_inputs()]
     acc = {"emb": [0.0, 0.0, []], "tokens": [0.0, 0.0, []]}
     for i in range(len(z[names[0]])):

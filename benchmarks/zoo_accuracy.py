@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("QDQGRAPH_SHARED", REPO.parent / "shared"))
 DEFAULT_ZOO = Path(os.environ.get("QDQGRAPH_ZOO", "/tmp/qdqgraph-zoo"))
 ORT = "onnxruntime QDQ"
+PEERS = ("modelopt-fp8", "modelopt-int4-rtn", "modelopt-int4-awq", "ort-fp8", "ort-int4")   # benchmarks/peers_lowbit.py
 
 
 def log(*a):
@@ -100,6 +101,22 @@ def quantize(qdqgraph, zoo, out_dir, name, args, timeout, logs):
         return {"ok": False, "seconds": sec, "error": "insert exited 0 but wrote no model"}
     return {"ok": True, "seconds": sec, "error": None,
             "report": json.loads(rep.read_text()) if rep.exists() else None}
+
+
+def peer(tool, python, zoo, out_dir, name, logs, timeout):
+    """One peer quantizer (benchmarks/peers_lowbit.py TOOL) on one model. Returns {ok, seconds, error}."""
+    dst = out_dir / f"{name}.onnx"
+    dst.unlink(missing_ok=True)
+    cmd = [python, str(REPO / "benchmarks" / "peers_lowbit.py"), tool, str(zoo / "models" / f"{name}.onnx"),
+           str(zoo / "calib" / f"{name}.npz"), str(dst), "--timeout", str(int(timeout))]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    (logs / f"{name}.log").write_text(f"$ {' '.join(cmd)}\n--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}\n")
+    try:
+        row = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"ok": False, "seconds": 0.0, "error": last_line(p.stderr) or f"exit {p.returncode}"}
+    ok = bool(row.get("ok")) and dst.exists()
+    return {"ok": ok, "seconds": float(row.get("seconds") or 0.0), "error": None if ok else (row.get("error") or "no output")}
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -213,7 +230,7 @@ def report(models, tools, results, seconds, methods, all_metrics, failed=None):
     for m in methods:
         s = seconds.get(m, {})
         if s:
-            out.append(f"qdqgraph-{m} insert wall seconds: "
+            out.append(f"{m if m in PEERS else 'qdqgraph-' + m} quantize wall seconds: "
                        + ", ".join(f"{k} {v:.1f}" + (" (failed)" if k in (failed or {}).get(m, ()) else "")
                                    for k, v in s.items())
                        + f" (total {sum(s.values()):.1f})")
@@ -275,6 +292,11 @@ def main():
     ap.add_argument("--all-metrics", action="store_true",
                     help="one row per task metric (e.g. CER, precision), not only the first")
     ap.add_argument("--report", type=Path, default=None, help="also write the tables here (default OUT/report.md)")
+    ap.add_argument("--peer", action="append", default=[], metavar="TOOL",
+                    help="also run a peer quantizer of benchmarks/peers_lowbit.py (modelopt-fp8, ort-fp8, ...) "
+                         "in the same run and score it the same way (repeatable)")
+    ap.add_argument("--modelopt-python", default="/tmp/mo-venv/bin/python",
+                    help="python with Model Optimizer, for modelopt-* peers (benchmarks/setup_modelopt.sh)")
     ap.add_argument("--safe-ort", action="store_true",
                     help="score every tool's models with onnxruntime's rewrites that qdqgraph turns off "
                          "(qdqgraph.runtime.DISABLED_OPTIMIZERS) turned off too; needed for FP8 models")
@@ -360,6 +382,27 @@ def main():
             if rep.get("tensorrt"):
                 res[n]["int8_flops_share"] = rep["tensorrt"]["int8_flops_share"]
         results[tool] = res
+
+    # 4. peers, quantized and scored the same way
+    for tool in a.peer:
+        py = a.modelopt_python if tool.startswith("modelopt") else sys.executable
+        d, lg = out / tool, out / "logs" / tool
+        d.mkdir(parents=True, exist_ok=True)
+        lg.mkdir(parents=True, exist_ok=True)
+        runs = {n: peer(tool, py, zoo, d, n, lg, a.timeout) for n in models}
+        for n, r in runs.items():
+            log(f"{tool} {n}: {'ok' if r['ok'] else r['error']} ({r['seconds']:.1f} s)")
+        ok = [n for n in models if runs[n]["ok"]]
+        res = eval_models(zpy, a.zoo_scripts, zoo, ok, out / f"{tool}.json", out / "logs" / f"{tool}-eval.log",
+                          compare=d) if ok else {}
+        for n in models:
+            if not runs[n]["ok"]:
+                res[n] = {"insert_error": runs[n]["error"]}
+            res.setdefault(n, {}).update(insert_seconds=round(runs[n]["seconds"], 2))
+        results[tool] = res
+        tools.append(tool)
+        seconds[tool] = {n: r["seconds"] for n, r in runs.items()}
+        methods.append(tool)
 
     (out / "results.json").write_text(json.dumps({"models": models, "tools": tools, "results": results}, indent=1))
     failed = {m: {n for n in models if not inserts[m][n]["ok"]} for m in methods}

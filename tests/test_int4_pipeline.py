@@ -112,3 +112,24 @@ def test_cli_int4_without_data_and_bad_block_size(tmp_path):
     bad = subprocess.run(cmd[:-3] + ["--block-size", "96", "-o", str(tmp_path / "b.onnx")], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "96" in bad.stderr and not (tmp_path / "b.onnx").exists()
+
+
+def test_checks_name_a_block_size_that_does_not_divide_and_a_wrong_block_count():
+    from qdqgraph.passes.check import qdq_violations
+    r = qdqgraph.quantize(mlp(), None, precision="int4", int4_method="rtn", block_size=64)
+    loaded = io.load(r.model)
+    assert qdq_violations(loaded.graph) == []
+    dq = next(n for n in loaded.graph.nodes if n.op == "DequantizeLinear")
+    dq.attrs["block_size"] = 96                                    # K = 256
+    assert any("block size 96 does not divide axis 0 of size 256" in v for v in qdq_violations(loaded.graph))
+    dq.attrs["block_size"] = 128                                   # divides, but the scales hold 4 blocks
+    assert any("4 scale blocks for axis 0 of size 256 in blocks of 128" in v for v in qdq_violations(loaded.graph))
+
+
+def test_a_malformed_head_size_condition_is_a_rule_file_error(tmp_path):
+    rules = tmp_path / "r.toml"
+    rules.write_text('schema = 1\n[[exclude]]\nid = "x"\ndoc = "d"\nref = "r"\nop = "matmul"\n'
+                     'when = ["attention:any", "not attention_head_size:16"]\n')
+    m = motifs.attention_block()
+    with pytest.raises(QdqError, match="attention_head_size takes LOW-HIGH/STEP"):
+        qdqgraph.quantize(m, motifs.sample_data(m), rules=(str(rules),))
