@@ -5,9 +5,11 @@ users to run its outputs (README, Deployment; qdqgraph.runtime.DISABLED_OPTIMIZE
     ZOO/venv/bin/python benchmarks/eval_safe.py EVAL_MODELS.py [its arguments...]
 
 The names come from $QDQGRAPH_ORT_DISABLED (comma-separated; benchmarks/zoo_accuracy.py --safe-ort
-sets it from qdqgraph.runtime). Every tool's model is scored the same way: onnxruntime's
-ReluQuantRewrite drops a Relu before an FP8 QuantizeLinear and so breaks any FP8 Q/DQ model with
-Relu -> Q, whoever made it.
+sets it from qdqgraph.runtime), and with $QDQGRAPH_ORT_BASIC=1 sessions run at the basic
+optimization level. Every tool's model is scored the same way: onnxruntime's ReluQuantRewrite drops
+a Relu before an FP8 QuantizeLinear and so breaks any FP8 Q/DQ model with Relu -> Q, whoever made
+it; and onnxruntime 1.31's extended-level rewrites leave FP8 tensors feeding a Transpose or
+Unsqueeze, and the session refuses the graph (1.32 does not).
 """
 import os
 import runpy
@@ -19,9 +21,15 @@ DISABLED = [n for n in os.environ.get("QDQGRAPH_ORT_DISABLED", "").split(",") if
 _Session = ort.InferenceSession
 
 
+BASIC = os.environ.get("QDQGRAPH_ORT_BASIC") == "1"
+
+
 class SafeSession(_Session):
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
         kwargs.setdefault("disabled_optimizers", DISABLED)
+        if BASIC:
+            sess_options = sess_options or ort.SessionOptions()
+            sess_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         super().__init__(path_or_bytes, sess_options, providers, provider_options, **kwargs)
 
 

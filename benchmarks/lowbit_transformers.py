@@ -123,6 +123,7 @@ def main():
     tools = [t for t in [*OURS, *PEERS] if not a.tools or t in a.tools.split(",")]
     from qdqgraph.runtime import DISABLED_OPTIMIZERS
     os.environ["QDQGRAPH_ORT_DISABLED"] = ",".join(DISABLED_OPTIMIZERS)
+    os.environ["QDQGRAPH_ORT_BASIC"] = "1"
     tr.LAUNCHER[:] = [str(REPO / "benchmarks" / "eval_safe.py")]
     tr.DISABLED[:] = DISABLED_OPTIMIZERS
     a.out.mkdir(parents=True, exist_ok=True)
