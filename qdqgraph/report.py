@@ -223,8 +223,9 @@ class InsertReport:
                          f"disabled_optimizers={_ort_disabled(precision)} (README, Deployment)")
         if self.tensorrt and self.int4:
             t = self.tensorrt
-            lines.append(f"TensorRT prediction: {t['layers']} layers, {t['reformats']} reformats; the GEMMs with INT4 "
-                         f"weights run in the float type of their activations (weight-only)")
+            lines.append(f"TensorRT prediction: {t['layers']} layers, {t.get('int4_weight_layers', 0)} GEMMs with INT4 "
+                         f"weights (weight-only: they run in the float type of their activations), "
+                         f"{t['reformats']} reformats")
         elif self.tensorrt:
             t = self.tensorrt
             lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} {q}, {t['float_layers']} "

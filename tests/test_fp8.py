@@ -150,3 +150,25 @@ def test_fp8_raises_the_opset_and_says_so():
     r = qdqgraph.quantize(m, motifs.sample_data(m), precision="fp8")
     assert io.opset_of(r.model) >= 19
     assert "opset raised from 13 to 19 (FP8 Q/DQ (float8e4m3fn) needs it)" in r.report.summary()
+
+
+def test_lint_names_fp8_attention_with_a_head_size_it_cannot_fuse():
+    from qdqgraph.trtsim.lint import lint
+    m = motifs.attention_block(hidden=48, heads=2)                     # head size 24
+    data = motifs.sample_data(m)
+    forced = qdqgraph.quantize(m, data, precision="fp8", high_precision="fp32", int8_attention="on",
+                               include_nodes=("qk", "pv"))               # F8-attention-head-size is advisory
+    assert [d.code for d in lint(forced.model)].count("QDQ212") == 1
+    ok = qdqgraph.quantize(motifs.attention_block(), motifs.sample_data(motifs.attention_block()),
+                           precision="fp8", high_precision="fp32", int8_attention="on")
+    assert "QDQ212" not in [d.code for d in lint(ok.model)]
+
+
+def test_lint_names_a_scale_of_the_wrong_type_and_int4_faults():
+    from qdqgraph.trtsim.lint import lint
+    m = motifs.conv_relu()
+    loaded = io.load(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model)
+    assert not [d for d in lint(loaded.graph) if d.code in ("QDQ213", "QDQ214")]
+    dq = next(n for n in loaded.graph.nodes if n.op == "DequantizeLinear")
+    dq.inputs[1] = qdqgraph.io.gs.Constant("int_scale", np.array(1, np.int32))
+    assert "QDQ213" in [d.code for d in lint(loaded.graph)]

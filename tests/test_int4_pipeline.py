@@ -58,6 +58,7 @@ def test_int4_writes_blocked_int4_weights_and_no_activation_qdq(method):
         assert inits[n.input[2]].data_type == onnx.TensorProto.INT4
     assert r.report.int4["bytes_after"] < r.report.int4["bytes_before"] / 4
     assert "INT4 weights: 2 MatMul/Gemm weights in blocks of 64" in r.report.summary()
+    assert r.report.tensorrt["int4_weight_layers"] == 2 and "2 GEMMs with INT4 weights" in r.report.summary()
     feed = {"x": data["x"][0]}
     # 16 levels per block: about 20 dB per Gaussian weight, so two layers land near cosine 0.99
     assert _cos(_run(r.model, feed), _run(m, feed)) > 0.98
@@ -133,3 +134,12 @@ def test_a_malformed_head_size_condition_is_a_rule_file_error(tmp_path):
     m = motifs.attention_block()
     with pytest.raises(QdqError, match="attention_head_size takes LOW-HIGH/STEP"):
         qdqgraph.quantize(m, motifs.sample_data(m), rules=(str(rules),))
+
+
+def test_lint_names_an_int4_block_size_that_does_not_divide():
+    from qdqgraph.trtsim.lint import lint
+    loaded = io.load(qdqgraph.quantize(mlp(), None, precision="int4", int4_method="rtn", block_size=64).model)
+    assert "QDQ214" not in [d.code for d in lint(loaded.graph)]
+    next(n for n in loaded.graph.nodes if n.op == "DequantizeLinear").attrs["block_size"] = 96
+    found = [d for d in lint(loaded.graph) if d.code == "QDQ214"]
+    assert found and "block size 96 does not divide axis 0 of size 256" in found[0].message

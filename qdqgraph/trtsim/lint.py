@@ -13,6 +13,9 @@
 | QDQ209 | a small INT8 region entered or left through a reformat        | P14, F6    |
 | QDQ210 | an attention block quantized in part (no fused INT8 attention) | P15, F10   |
 | QDQ211 | a quantized attention mask                                     | P15        |
+| QDQ212 | FP8 attention whose head size TensorRT's FP8 attention cannot take | C9      |
+| QDQ213 | a scale that is not float32, float16 or bfloat16               | C3         |
+| QDQ214 | INT4: a block size that does not divide its axis, an INT4 activation, or INT4 weights outside a GEMM | C5, C10 |
 """
 from __future__ import annotations
 
@@ -73,6 +76,36 @@ def _conv_pattern(g: SimGraph, tensor: str, limit: int = 4) -> SNode | None:
     return None
 
 
+SCALE_TYPES = ("float32", "float16", "bfloat16")
+FP8_HEAD_SIZES = (9, 256, 16)      # FP8 attention: 8 < head size <= 256, a multiple of 16 (TRT_RULES C9)
+
+
+def _zero_point_type(n: SNode) -> str:
+    zp = n.qp.zero_point if n.qp is not None else None
+    return np.dtype(zp.dtype).name if zp is not None else "int8"
+
+
+def _int4_check(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ214: INT4 is weight-only block quantization for GEMMs (C5, C10)."""
+    if _zero_point_type(n) not in ("int4", "uint4"):
+        return []
+    if n.role == Q:
+        return [Diagnostic("QDQ214", n.name, "an INT4 QuantizeLinear: TensorRT's INT4 is for weights only",
+                           "quantize activations to INT8 or FP8, or leave them float (C5)")]
+    out = []
+    block = n.attrs.get("block_size")
+    shape = g.tensors[n.inputs[0]].shape if n.inputs[0] in g.tensors else None
+    axis = n.attrs.get("axis", 1)
+    if block and shape and isinstance(shape[axis % len(shape)], (int, np.integer)) and shape[axis % len(shape)] % block:
+        out.append(Diagnostic("QDQ214", n.name, f"block size {block} does not divide axis {axis} of size "
+                              f"{shape[axis % len(shape)]}", "choose a block size that divides the reduction axis (C10)"))
+    readers = [c for c, _ in g.consumers(n.outputs[0])]
+    if any(not (g.vocab.is_(c, "matmul") or g.vocab.is_(c, "gemm")) for c in readers):
+        out.append(Diagnostic("QDQ214", n.name, "INT4 weights read by an op other than MatMul/Gemm",
+                              "keep INT4 for GEMM weights; use INT8 or FP8 elsewhere (C5)"))
+    return out
+
+
 def _scale_check(n: SNode) -> list[Diagnostic]:
     out = []
     qp = n.qp
@@ -86,7 +119,10 @@ def _scale_check(n: SNode) -> list[Diagnostic]:
             out.append(Diagnostic("QDQ206", n.name, f"per-channel scale ({qp.scale.size} values) without `axis`: "
                                   "TensorRT's parser assumes axis 0, ONNX assumes 1",
                                   "write axis explicitly (C3)"))
-    if qp.zero_point is not None and np.any(qp.zero_point != 0):
+    if qp.scale is not None and qp.scale.dtype.name not in SCALE_TYPES:
+        out.append(Diagnostic("QDQ213", n.name, f"scale of type {qp.scale.dtype.name}",
+                              "write the scale as float32 (or float16/bfloat16 in an FP16/BF16 network) (C3)"))
+    if qp.zero_point is not None and np.any(qp.zero_point.astype(np.float32) != 0):
         out.append(Diagnostic("QDQ207", n.name, "non-zero zero point: TensorRT only supports symmetric quantization",
                               "use zero point 0 (int8) or omit it (C2)"))
     return out
@@ -128,7 +164,7 @@ def _graph_diagnostics(graph) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for n in g.order():
         if n.role in (Q, DQ):
-            out += _scale_check(n)
+            out += _scale_check(n) + _int4_check(g, n)
         if n.role == Q:
             qs = [c for c, i in g.consumers(n.inputs[0]) if c.role == Q and i == 0]
             if qs and qs[0] is n and len({q.qp.key() for q in qs}) > 1:
@@ -201,6 +237,14 @@ def _attention_diagnostics(g: SimGraph, n: SNode) -> list[Diagnostic]:
                               "TensorRT's fused INT8 attention needs Q/DQ on all four GEMM inputs, so the GEMMs run "
                               "apart with reformats between them (F10)",
                               "quantize q, k, the probabilities (fixed scale 1/127) and v, or none of them (P15)"))
+    if len(done) == 4 and softmax_q and _zero_point_type(softmax_q[0]) == "float8_e4m3fn":
+        shape = g.tensors[block.bmm1.inputs[0]].shape if block.bmm1.inputs[0] in g.tensors else None
+        h = shape[-1] if shape else None
+        low, high, step = FP8_HEAD_SIZES
+        if isinstance(h, (int, np.integer)) and not (low <= h <= high and h % step == 0):
+            out.append(Diagnostic("QDQ212", n.name, f"FP8 attention with head size {h}: TensorRT's FP8 attention "
+                                  f"takes 8 < head size <= 256, a multiple of 16, so the GEMMs run apart",
+                                  "leave this attention's GEMMs in FP16 (rules/fp8.toml F8-attention-head-size)"))
     members = {id(x) for x in block.nodes}
     for x in block.nodes:
         if x.role != OP or not g.vocab.is_(x, "add"):

@@ -61,6 +61,7 @@ class SimReport:
     shapes: dict = field(default_factory=dict)                # tensor -> shape, for the ONNX export
     final: object = field(default=None, repr=False)           # (SimGraph after propagation, rule set)
     quantized: str = "INT8"                                   # the Q/DQ's types: INT8, FP8, INT4, or "A+B"
+    int4_weight_layers: int = 0                               # GEMM layers with INT4 weights (weight-only)
 
     @property
     def reformats(self) -> list[Layer]:
@@ -74,7 +75,8 @@ class SimReport:
         return {"layers": len(self.layers), "int8_layers": sum(1 for x in compute if x.int8),
                 "float_layers": sum(1 for x in compute if not x.int8), "reformats": len(self.reformats),
                 "reformats_inside": sum(1 for x in self.reformats if not x.at_graph_io),
-                "int8_flops_share": round(int8_flops / total, 6) if total else 0.0, "quantized": self.quantized}
+                "int8_flops_share": round(int8_flops / total, 6) if total else 0.0, "quantized": self.quantized,
+                "int4_weight_layers": self.int4_weight_layers}
 
     def to_dict(self) -> dict:
         return {"layers": [x.to_json() for x in self.layers], "summary": self.summary,
@@ -132,6 +134,9 @@ class SimReport:
                     lines.append(" " * (widths[0] + 2) + f"- {rule}: {why}")
         s = self.summary
         q = self.quantized
+        if s["int4_weight_layers"]:
+            lines.append(f"{s['int4_weight_layers']} GEMM layers with INT4 weights (weight-only: they run in "
+                         f"the float type of their activations)")
         lines.append(f"{s['layers']} layers: {s['int8_layers']} {q}, {s['float_layers']} float, "
                      f"{s['reformats']} reformats ({s['reformats_inside']} inside the network; * = at a graph "
                      f"input/output); {q} FLOPs {100 * s['int8_flops_share']:.1f}%")

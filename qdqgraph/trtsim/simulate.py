@@ -36,6 +36,9 @@ def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | No
     graph_io = [[(t, g.tensors[t].dtype, g.tensors[t].shape) if t in g.tensors else (t, None, None) for t in names]
                 for names in (g.inputs, g.outputs)]
     quantized = quantized_types(g)
+    int4_readers = {c.name for n in g.nodes.values() if n.role == DQ and n.qp is not None
+                    and n.qp.zero_point is not None and np.dtype(n.qp.zero_point.dtype).name in ("int4", "uint4")
+                    for o in n.outputs for c, _ in g.consumers(o)}
     unused = g.prune()
     trace = Trace()
     no_ops = eliminate_no_ops(g, rules, trace)
@@ -61,6 +64,7 @@ def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | No
         node_names=set(g.onnx_names),
         graph_inputs=graph_io[0], graph_outputs=graph_io[1],
         steps=steps, misses=trace.misses, final=(g, rules), quantized=quantized,
+        int4_weight_layers=sum(1 for x in layers if int4_readers.intersection(x.nodes)),
         shapes={t.name: t.shape for t in g.tensors.values() if t.shape is not None})
 
 
