@@ -172,3 +172,19 @@ def test_lint_names_a_scale_of_the_wrong_type_and_int4_faults():
     dq = next(n for n in loaded.graph.nodes if n.op == "DequantizeLinear")
     dq.inputs[1] = qdqgraph.io.gs.Constant("int_scale", np.array(1, np.int32))
     assert "QDQ213" in [d.code for d in lint(loaded.graph)]
+
+
+def test_fp8_on_a_model_whose_opset_cannot_be_raised_is_one_line(monkeypatch):
+    """onnx's version converter has no adapter for some ops; the run stops before any work, naming
+    the opset FP8 needs and why."""
+    from onnx import version_converter
+
+    def no_adapter(model, target):
+        raise RuntimeError("No Adapter For Current Version: op X\nmore lines")
+    monkeypatch.setattr(version_converter, "convert_version", no_adapter)
+    m = motifs.conv_relu(opset=13)
+    with pytest.raises(QdqError) as e:
+        qdqgraph.quantize(m, motifs.sample_data(m), precision="fp8")
+    assert str(e.value).startswith("the model's opset 13 could not be raised to 19, which FP8 Q/DQ (float8e4m3fn) "
+                                   "needs (No Adapter For Current Version: op X)")
+    assert "\n" not in str(e.value)
