@@ -141,15 +141,17 @@ def test_insert_invariants_and_runs(name):
         assert cos(a, b) > 0.95, (name, cos(a, b))
 
 
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
 @pytest.mark.parametrize("name", ["residual_add", "concat_of_pools", "se_block", "attention", "paddle_constants",
                                   "conv_bn_relu", "integer_path"])
-def test_strip_of_insert_equals_clean(name):
+def test_strip_of_insert_equals_clean(name, precision):
     m = motifs.ALL[name]()
     data = motifs.sample_data(m)
-    expected = io.load(m)
+    expected = io.load(m, min_opset=19 if precision == "fp8" else 13)
     clean(expected)
     # output-aware smoothing changes weights by design (test_recipes.py): off here
-    quantized = io.load(qdqgraph.quantize(m, data, weights="qdq", high_precision="fp32", output_aware=False).model)
+    quantized = io.load(qdqgraph.quantize(m, data, weights="qdq", high_precision="fp32", output_aware=False,
+                                          precision=precision).model)
     assert strip_qdq(quantized.graph)["removed"] > 0
     # the same nodes with the same connections (a line names a node's inputs and outputs)
     assert sorted(render(quantized.graph).splitlines()) == sorted(render(expected.graph).splitlines())
@@ -157,7 +159,7 @@ def test_strip_of_insert_equals_clean(name):
     for a, b in zip(run(io.to_model(quantized), feed), run(io.to_model(expected), feed)):
         np.testing.assert_array_equal(a, b)
     # with INT8 weights the structure comes back too, the weights dequantized
-    q8 = io.load(qdqgraph.quantize(m, data, high_precision="fp32", output_aware=False).model)
+    q8 = io.load(qdqgraph.quantize(m, data, high_precision="fp32", output_aware=False, precision=precision).model)
     strip_qdq(q8.graph)
     assert sorted(n.op for n in q8.graph.nodes) == sorted(n.op for n in expected.graph.nodes)
 
