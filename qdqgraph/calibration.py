@@ -5,18 +5,26 @@ shards merged; `qdqgraph.calibrate` in the API and `qdqgraph calibrate` on the c
     cal.save("calib.json")                    # or format="tensorrt", or "state" (mergeable)
     part = qdqgraph.calibrate("model.onnx", "data.npz", shard=(2, 4))   # states of shard 2 of 4
     cal = qdqgraph.merge_calibrations(["s1.json", "s2.json", "s3.json", "s4.json"], method="entropy")
+    cal = qdqgraph.calibrate("model.onnx", "data/", method="entropy", ray="local")   # shards as Ray tasks
+
+With `config.ray` (an address, or "local"), the shards run as Ray tasks (qdqgraph.distributed), one
+per CPU of the cluster, and their states merge in shard order into the states of one run: the
+ranges are those of one process, bit for bit.
 """
 from __future__ import annotations
 
 import hashlib
+import re
+import time
 from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
 
 import onnx
 
-from . import io
+from . import distributed, io
 from .calib import cache as cache_files
-from .calib.collect import collect
+from .calib.collect import collect, default_lanes
 from .calib.methods import compute_amax
 from .calib.states import merge_state_files, save_states
 from .config import DEFAULT_PERCENTILE, QuantizeConfig, config_from
@@ -141,19 +149,76 @@ def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config:
     if not groups:
         return Calibration({}, method=config.method)
     stage(progress, "calibrating", data.count)
-    got = collect(loaded, groups, data, method="entropy" if keep_states else config.method,
-                  batch_size=config.batch_size, providers=list(config.providers) if config.providers else None,
-                  progress=progress, lanes=config.lanes)
-    amax = {} if keep_states else exact_ranges(plan, amax_from_states(got.states, config.method, config.percentile))
-    return Calibration(groups, amax, got.states if keep_states else None, config.method, got.samples, got.seconds)
+    method = "entropy" if keep_states else config.method
+    providers = list(config.providers) if config.providers else None
+    if config.ray:
+        states, samples, seconds = _collect_on_ray(loaded, groups, data, method, config, providers, progress)
+    else:
+        got = collect(loaded, groups, data, method=method, batch_size=config.batch_size, providers=providers,
+                      progress=progress, lanes=config.lanes)
+        states, samples, seconds = got.states, got.samples, got.seconds
+    amax = {} if keep_states else exact_ranges(plan, amax_from_states(states, config.method, config.percentile))
+    return Calibration(groups, amax, states if keep_states else None, config.method, samples, seconds)
+
+
+def _collect_on_ray(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData, method: str,
+                    config: QuantizeConfig, providers, progress) -> tuple[dict, int, float]:
+    """collect() over `data` cut into one shard per task slot of the Ray cluster, each shard a
+    task (`_shard_states`), the states merged in shard order: the states of one run over all of
+    `data` (a shard starts its histograms from the set's first sample, as one run does). The
+    shards run with this process's lanes, so a failure names the sample and tensor one process
+    would name. Returns (states, samples, seconds)."""
+    start = time.perf_counter()
+    lanes = config.lanes or default_lanes()
+
+    def shards(slots: int) -> list[tuple[int, int]]:
+        n = min(slots, data.count)
+        return [(i, n) for i in range(1, n + 1)]
+    shared = (distributed.pack(loaded), groups, data, method, config.batch_size, providers, lanes)
+    parts = distributed.run(config.ray, _shard_states, shared, shards, progress, what="calibration shard")
+    states = {rep: reduce(lambda a, b: a.merge(b), (p[0][rep] for p in parts)) for rep in groups}
+    return states, sum(p[1] for p in parts), time.perf_counter() - start
+
+
+# collect numbers the samples of the data it is given from 0; a shard's are renumbered from the
+# start of the whole set, as one process numbers them (the shared first-sample run of a later
+# shard is numbered 0 too, but its failure is also the first shard's, which is reported instead)
+_SAMPLE = re.compile(r"(calibration sample )(\d+)")
+
+
+def _shard_states(packed, groups, data: CalibrationData, method: str, batch_size: int, providers, lanes: int,
+                  index: int, count: int, progress=None) -> tuple[dict, int]:
+    """In a Ray task: the states of shard `index` of `count` of `data`. A folder's files are read
+    here, only those of this shard (and the set's first sample); an in-memory set arrives whole
+    through the object store and is sliced. Returns (states, samples)."""
+    shard = data.shard(index, count)
+    offset = shard.first - data.first
+
+    def renumber(m: re.Match) -> str:
+        return m.group(1) + str(int(m.group(2)) + offset)
+    try:
+        got = collect(distributed.unpack(packed), groups, shard, method=method, batch_size=batch_size,
+                      providers=providers, progress=progress, lanes=lanes,
+                      threads=max(1, distributed.TASK_CPUS // lanes))
+    except QdqError as e:
+        if offset == 0:
+            raise
+        raise QdqError(_SAMPLE.sub(renumber, e.problem), e.fix) from None
+    return got.states, got.samples
 
 
 def calibrate(model, calib, *, config: QuantizeConfig | None = None, shard: tuple[int, int] | None = None,
               keep_states: bool = False, progress=None, **options) -> Calibration:
     """Calibrate the tensors `quantize` would quantize with this config, without writing a model.
     `shard=(i, n)` calibrates the i-th of n parts of the samples and keeps its states (to be merged
-    with `merge_calibrations`); `keep_states` keeps them for a whole run too."""
+    with `merge_calibrations`); `keep_states` keeps them for a whole run too. With `ray=ADDRESS`
+    (or "local"), the samples are calibrated in shards on Ray, to the same ranges."""
     cfg = config_from(config, **options)
+    with distributed.scope():
+        return _calibrate(model, calib, cfg, shard, keep_states, progress)
+
+
+def _calibrate(model, calib, cfg: QuantizeConfig, shard, keep_states: bool, progress) -> Calibration:
     if calib is None:
         raise QdqError("no calibration data given", "pass --calib DATA.npz")
     for lib in cfg.custom_op_libraries:

@@ -101,6 +101,8 @@ class QuantizeConfig:
     preprocess: str | None = None              # for a folder of images
     providers: tuple[str, ...] | None = None   # onnxruntime execution providers (None: CPU)
     custom_op_libraries: tuple[str, ...] = ()
+    ray: str | None = None                     # Ray address for calibration and sensitivity, or "local"
+                                               # (a Ray of the run's own); None: one process
     # placement
     rules: tuple[str, ...] = ()
     exclude_ops: tuple[str, ...] = ()
@@ -148,6 +150,12 @@ class QuantizeConfig:
         _int("--batch-size", self.batch_size, 1)
         _int("--samples", self.samples, 1, optional=True)
         _int("--lanes", self.lanes, 1, optional=True)
+        if self.ray is not None and (not isinstance(self.ray, str) or not self.ray.strip()):
+            raise QdqError(f"--ray takes a Ray address, got {self.ray!r}",
+                           "pass --ray alone (a Ray on this machine) or --ray HOST:PORT")
+        if self.ray is not None and self.providers not in (None, ("CPUExecutionProvider",)):
+            raise QdqError("--ray runs onnxruntime on the CPUs of the Ray workers (its tasks ask for no GPU)",
+                           "drop --providers, or drop --ray")
         _int("--sensitivity-samples", self.sensitivity_samples, 1)
         _int("--max-float-layers", self.max_float_layers, 0, optional=True)
         _int("--block-size", self.block_size, 2)

@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import advice, attention, attention_guard, io
+from . import advice, attention, attention_guard, distributed, io
 from .calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from
 from .data import CalibrationData
@@ -114,7 +114,7 @@ def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_c
     of the same names (method, percentile, rules, exclude_nodes, high_precision, accuracy_budget, ...);
     see qdqgraph.config for each one and its default.
     """
-    with fewer_collections():
+    with fewer_collections(), distributed.scope():     # a Ray started for one stage serves the next
         return _quantize(model, calib, config, calib_cache, progress, options)
 
 
@@ -296,7 +296,8 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     bias = [correct_biases(trial, plan, means)] if means is not None else []
     trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
-                             cfg.sensitivity_samples, stop_above_db=cfg.accuracy_budget, progress=progress)
+                             cfg.sensitivity_samples, stop_above_db=cfg.accuracy_budget, progress=progress,
+                             ray=cfg.ray)
     chosen, final_db = choose_fallback(sens, evaluate, cfg.accuracy_budget, cfg.max_float_layers)
     gains = {u.node: u.gain_db for u in sens.units}
     report.fallback = {"budget_db": cfg.accuracy_budget, "max_float_layers": cfg.max_float_layers,

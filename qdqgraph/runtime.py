@@ -37,6 +37,11 @@ def register_custom_ops(path: str) -> None:
     _custom_op_libraries.append(str(p))
 
 
+def custom_op_libraries() -> list[str]:
+    """The custom-op libraries registered in this process (a Ray worker registers them too)."""
+    return list(_custom_op_libraries)
+
+
 # onnxruntime's WeightBiasQuantization (a basic-level graph optimization since 1.20) rewrites
 # DQ(weight) -> Conv/Gemm with a float bias into an int32 bias quantized with scale
 # input_scale * weight_scale. With FP16 scales it miscomputes: on ddddocr_ocr's FP16-island model the
@@ -85,13 +90,14 @@ def _options(spin: bool = True, threads: int = 0):
 
 
 def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
-            weights: dict | None = None, opts=None):
+            weights: dict | None = None, opts=None, threads: int = 0):
     """A session over `model`; `weights` (name -> array) supply the initializers `model` holds only
     as stubs (`io.to_model_and_weights`); without them, large initializers are split off here.
-    `opts`: session options of the caller's own (custom-op libraries already registered)."""
+    `opts`: session options of the caller's own (custom-op libraries already registered); else
+    `threads`: onnxruntime's intra-op threads (0: one per core)."""
     import onnxruntime as ort
     try:
-        opts = opts or _options()
+        opts = opts or _options(threads=threads)
         providers = providers or ["CPUExecutionProvider"]
         light, weights = (model, weights) if weights is not None else io.split_weights(model)
         blob = io.session_bytes(light) if weights else None

@@ -12,6 +12,11 @@ recalibrate (the scales of the one calibration are reused).
 
 Fallback returns units to float greedily, most harmful first (largest SQNR gain when left in float),
 until the output SQNR reaches the budget or `max_float` units are float.
+
+With `ray` (an address, or "local"), the per-unit runs are split over Ray tasks (qdqgraph.distributed):
+each task opens its own session on the very model this process's session runs (the same bytes and
+weights) and measures a contiguous run of the units against this process's float outputs; the
+all-INT8 run and the evaluator stay here. Every SQNR, and so the ranking, is the one-process value.
 """
 from __future__ import annotations
 
@@ -22,9 +27,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import io
+from . import distributed, io
 from .data import CalibrationData
-from .runtime import graph_session
+from .runtime import graph_session, session
 from .ops import DEQUANTIZE, IDENTITY, IF, QUANTIZE
 from .progress import stage, step
 from .placement.plan import Plan
@@ -135,20 +140,58 @@ def _feed(batch: dict, flags: dict, on: set[str]) -> dict:
     return f
 
 
+class _Switch:
+    """One session over the switchable model and the batches it runs: `outputs(on)` runs every
+    batch with the units `on` in INT8 and the others float, and returns the float outputs."""
+
+    def __init__(self, model: onnx.ModelProto, weights: dict, flags: dict[str, str], outs: list[str],
+                 batches: list[dict], threads: int = 0):
+        self.sess = session(model, purpose="sensitivity", weights=weights, threads=threads)
+        self.flags, self.outs, self.batches = flags, outs, batches
+        self.runs = 0
+
+    def outputs(self, on: set[str]) -> list[np.ndarray]:
+        self.runs += len(self.batches)  # one run per batch of samples
+        return _flat([self.sess.run(self.outs, _feed(b, self.flags, on)) for b in self.batches])
+
+
+def _flat(results) -> list[np.ndarray]:
+    return [o for per in results for o in per if np.issubdtype(o.dtype, np.floating)]
+
+
+def _unit_sqnrs(switch: _Switch, ref: list[np.ndarray], units: set[str], part: list[str],
+                progress=None) -> list[tuple[float, float]]:
+    """(output SQNR with only the unit INT8, with only the unit float) for each unit of `part`."""
+    out = []
+    for u in part:
+        out.append((_sqnr(ref, switch.outputs({u})), _sqnr(ref, switch.outputs(units - {u}))))
+        step(progress)
+    return out
+
+
+def _unit_part(model, weights, flags, outs, batches, ref, units, part, progress=None) -> tuple[list, int]:
+    """In a Ray task: `_unit_sqnrs` of the units of `part` on a session of its own (one thread per
+    CPU the task has). Returns (SQNR pairs, runs)."""
+    switch = _Switch(model, weights, flags, outs, batches, threads=distributed.TASK_CPUS)
+    return _unit_sqnrs(switch, ref, units, part, progress), switch.runs
+
+
 def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: CalibrationData, samples: int = 8,
             stop_above_db: float | None = None, progress=None, only: set[str] | None = None,
-            reference: io.Loaded | None = None) -> tuple:
+            reference: io.Loaded | None = None, ray: str | None = None) -> tuple:
     """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float.
     `quant_model`: the Q/DQ model insert_qdq made for `plan` (a ModelProto, or its graph as a
     Loaded). With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it.
     `only`: the units that can be switched (and measured); the rest stay INT8, so the float outputs
-    to compare against come from `reference`, the float graph (needed with `only`)."""
+    to compare against come from `reference`, the float graph (needed with `only`). `ray`: a Ray
+    address (or "local") to measure the units on, split among its task slots."""
     if only is not None and reference is None:
         raise ValueError("measure(only=...) needs the float graph as reference")
     start = time.perf_counter()
     loaded = quant_model if isinstance(quant_model, io.Loaded) else io.load(quant_model)
     graph, flags = switchable(loaded.graph, plan, only)
-    sess = graph_session(io.Loaded(graph=graph, ir_version=loaded.ir_version), purpose="sensitivity")
+    # the model and weights of this session are what the Ray tasks' sessions run too
+    model, weights = io.to_model_and_weights(io.Loaded(graph=graph, ir_version=loaded.ir_version))
     outs = [o.name for o in graph.outputs]
     # the first `samples` samples, as one batch where the model's batch axis is dynamic
     batches, seen = [], 0
@@ -159,37 +202,36 @@ def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: Calibrat
         if seen >= samples:
             break
     units = set(flags)
-    runs = 0
-
-    def run(on: set[str]) -> list[list[np.ndarray]]:
-        nonlocal runs
-        runs += len(batches)  # one run per batch of samples
-        return [sess.run(outs, _feed(b, flags, on)) for b in batches]
-
-    def flat(results):
-        return [o for per in results for o in per if np.issubdtype(o.dtype, np.floating)]
+    switch = _Switch(model, weights, flags, outs, batches)
 
     if reference is None:
-        ref = flat(run(set()))
+        ref = switch.outputs(set())
     else:
         float_sess = graph_session(reference, purpose="sensitivity reference")
-        ref = flat([float_sess.run(outs, b) for b in batches])
+        ref = _flat([float_sess.run(outs, b) for b in batches])
         del float_sess
 
     def sqnr_with_float(float_units: set[str]) -> float:
-        return _sqnr(ref, flat(run(units - set(float_units))))
+        return _sqnr(ref, switch.outputs(units - set(float_units)))
 
     all_db = sqnr_with_float(set())
     report = Sensitivity(min(seen, samples), all_db)
     skip = stop_above_db is not None and all_db >= stop_above_db
-    stage(progress, "sensitivity", 0 if skip else len(units), unit="unit")
-    for u in ([] if skip else sorted(units)):
-        only_q = _sqnr(ref, flat(run({u})))
-        only_f = sqnr_with_float({u})
+    order = [] if skip else sorted(units)
+    stage(progress, "sensitivity", len(order), unit="unit")
+    runs = 0
+    if ray and order:
+        shared = (model, weights, flags, outs, batches, ref, units)
+        parts = distributed.run(ray, _unit_part, shared, lambda slots: [(p,) for p in distributed.split(order, slots)],
+                                progress, what="sensitivity part")
+        pairs = [pair for got, _ in parts for pair in got]
+        runs = sum(n for _, n in parts)
+    else:
+        pairs = _unit_sqnrs(switch, ref, units, order, progress)
+    for u, (only_q, only_f) in zip(order, pairs):
         d = plan.decisions[u]
         report.units.append(UnitSensitivity(u, d.op, d.rule or "", only_q, only_f, only_f - all_db))
-        step(progress)
-    report.runs = runs
+    report.runs = switch.runs + runs
     report.seconds = time.perf_counter() - start
     return report, sqnr_with_float
 

@@ -196,9 +196,12 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
 
 def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData,
             method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
-            progress=None, stride: int = HISTOGRAM_STRIDE, lanes: int | None = None) -> Collected:
+            progress=None, stride: int = HISTOGRAM_STRIDE, lanes: int | None = None,
+            threads: int | None = None) -> Collected:
     """Reduce every tensor of `groups` (representative -> member tensors) over all samples;
-    histograms of large maps over every `stride`-th row and column (1: every value)."""
+    histograms of large maps over every `stride`-th row and column (1: every value). `threads`:
+    onnxruntime's threads per lane (default: the cores shared among the lanes; a Ray task, which
+    has one core of a node whose cores other tasks use, passes 1)."""
     providers = providers or ["CPUExecutionProvider"]
     tensors = sorted({t for members in groups.values() for t in members})
     owner = {t: rep for rep, members in groups.items() for t in members}
@@ -215,7 +218,8 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
         raise QdqError(f"lanes must be at least 1, got {lanes}", "pass 1 (one batch at a time) or more")
     if not compiled or list(providers) != ["CPUExecutionProvider"]:
         lanes = 1                        # one GPU stream; the index graph's path stays sequential
-    threads = max(1, cores() // lanes) if lanes > 1 else 0
+    if threads is None:
+        threads = max(1, cores() // lanes) if lanes > 1 else 0
     if compiled:
         observed = [f for f in fetch.values() if f]
         sess, blocked = unordered_session(shell, observed, providers, threads=threads)

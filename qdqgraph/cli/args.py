@@ -11,6 +11,7 @@ from ..calib.methods import METHODS
 from ..config import (ATTENTION_MAX_LOSS_DB, ATTENTION_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_METHODS,
                       DEFAULT_PERCENTILE, DEFAULT_SENSITIVITY_SAMPLES, DEFAULT_SMOOTH_ALPHA, INT4_METHODS,
                       QuantizeConfig)
+from ..distributed import LOCAL as RAY_LOCAL
 from ..formats import PRECISIONS
 from ..errors import QdqError
 from ..passes.insert import WEIGHT_FORMATS
@@ -87,6 +88,11 @@ def add_runtime(p):
                                                       f"{', '.join(PROVIDERS)} (comma-separated, in order)")
     g.add_argument("--custom-op-library", action="append", default=[], metavar="LIB.so",
                    help="onnxruntime custom-op library for models with custom-domain ops (repeatable)")
+    g.add_argument("--ray", nargs="?", const=RAY_LOCAL, metavar="ADDRESS",
+                   help="calibrate (and measure sensitivity) in parallel on Ray: alone, a Ray started on this "
+                        "machine for the run; with an address (auto, HOST:PORT, ray://HOST:PORT), that cluster. "
+                        "Same ranges and ranking as one process; needs qdqgraph[ray]. Write it after MODEL (it "
+                        "takes a word after it as the address)")
     return g
 
 
@@ -155,7 +161,7 @@ def config(args, **extra) -> QuantizeConfig:
                  exclude_ops=tuple(args.exclude_op), exclude_nodes=tuple(args.exclude_node),
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
     for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
-                 "max_float_layers", "sensitivity_samples", "int8_attention"):
+                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
     if hasattr(args, "output_aware"):

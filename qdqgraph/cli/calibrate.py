@@ -1,7 +1,7 @@
 """`qdqgraph calibrate`: ranges only, as a qdqgraph JSON or TensorRT cache, or mergeable shard state."""
 from __future__ import annotations
 
-from .. import io, outputs
+from .. import distributed, io, outputs
 from ..calibration import FORMATS, calibrate, merge_calibrations
 from ..errors import QdqError
 from . import args as a
@@ -12,6 +12,8 @@ EXAMPLES = """examples:
   qdqgraph calibrate model.onnx --calib data.npz -o calib.cache --format tensorrt
   qdqgraph calibrate model.onnx --calib part2/ --shard 2/4 -o s2.state      # one of four machines
   qdqgraph calibrate --merge s1.state s2.state s3.state s4.state -o calib.json --method entropy
+  qdqgraph calibrate model.onnx --calib data/ -o calib.json --ray            # shards on a Ray of this machine
+  qdqgraph calibrate model.onnx --calib /shared/data/ -o calib.json --ray HEAD:6379   # on a Ray cluster
 """
 
 
@@ -20,8 +22,8 @@ def add(sub) -> None:
                        formatter_class=a.Formatter, epilog=EXAMPLES,
                        description="Calibrate the tensors qdqgraph would quantize and write their ranges as a "
                                    "qdqgraph JSON or TensorRT calibration cache. Split large data with --shard "
-                                   "I/N (writes state) and combine with --merge; the merged ranges equal one run's "
-                                   "bit for bit.")
+                                   "I/N (writes state) and combine with --merge, or let Ray run the shards (--ray); "
+                                   "the merged ranges equal one run's bit for bit.")
     g = p.add_argument_group("input")
     g.add_argument("model", nargs="?", help="float ONNX model (not needed with --merge)")
     a.add_calibration(p, data_help="calibration data, as for insert's --calib")
@@ -57,6 +59,8 @@ def run(args) -> int:
     if args.merge:
         if args.shard or args.calib:
             raise QdqError("--merge combines saved shards; it takes no --calib or --shard", "drop them")
+        if config.ray:
+            raise QdqError("--merge runs no calibration, so it has nothing for Ray to do", "drop --ray")
         cal = merge_calibrations(args.merge, config.method, config.percentile)
         cal.save(out, args.format or "json", force=args.force)
         if not args.quiet:
@@ -72,6 +76,8 @@ def run(args) -> int:
         raise QdqError("--shard writes calibration state, to be merged", "drop --format, or use --format state")
     if config.providers:
         a.check_providers(config.providers)
+    if config.ray:
+        distributed.require()
     progress = bars(args)
     try:
         cal = calibrate(args.model, args.calib, config=config, shard=shard, keep_states=fmt == "state",

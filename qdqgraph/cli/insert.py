@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   qdqgraph insert model.onnx --calib images/ --preprocess "resize=256,crop=224,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"
   qdqgraph insert model.onnx --calib-cache calib.json -o out.onnx --report report.json
   qdqgraph insert model.onnx --calib data.npz --accuracy-budget 30 --max-float-layers 5
+  qdqgraph insert model.onnx --calib data/ --accuracy-budget 30 --ray   # calibration and sensitivity on Ray
   qdqgraph insert model.onnx --calib data.npz --exclude-op Softmax --include-node 'attn/.*'
   qdqgraph insert model.onnx --calib data.npz --precision fp8     # FP8 (E4M3) for Ada, Hopper, Blackwell
   qdqgraph insert model.onnx --calib data.npz --precision int4    # INT4 MatMul/Gemm weights, activations float
@@ -100,6 +101,9 @@ def run(args) -> int:
         import_tensorrt()
     if config.providers:
         a.check_providers(config.providers)
+    if config.ray:                                  # Ray missing: one line naming the extra, before any work
+        from ..distributed import require
+        require()
     progress = bars(args)
     try:
         result = quantize(args.model, args.calib, config=config, calib_cache=args.calib_cache, progress=progress)
