@@ -407,7 +407,8 @@ def main():
         methods.append(tool)
 
     (out / "results.json").write_text(json.dumps({"models": models, "tools": tools, "results": results}, indent=1))
-    failed = {m: {n for n in models if not inserts[m][n]["ok"]} for m in methods}
+    failed = {m: {n for n in models if "insert_error" in results[m if m in PEERS else f"qdqgraph-{m}"].get(n, {})}
+              for m in methods}
     text = report(models, tools, results, seconds, methods, a.all_metrics, failed)
     (a.report or out / "report.md").write_text(text + "\n")
     print(text)

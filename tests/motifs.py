@@ -64,10 +64,10 @@ class G:
         return m
 
 
-def conv_relu(opset=17):
+def conv_relu(opset=17, c=16):
     g = G("conv_relu")
-    x = g.input("x", ["n", 16, 8, 8])
-    y = g.conv(x, 16, 16, "conv")
+    x = g.input("x", ["n", c, 8, 8])
+    y = g.conv(x, c, c, "conv")
     g.node("Relu", [y], ["y"], name="relu")
     g.output("y")
     return g.model(opset)
@@ -82,17 +82,17 @@ def conv_bn_relu():
     return g.model()
 
 
-def residual_add(projection=False):
+def residual_add(projection=False, c=16):
     """conv1 -> relu -> conv2 (+ skip or projection conv) -> add -> relu -> conv3."""
     g = G("residual_add")
-    x = g.input("x", ["n", 16, 8, 8])
-    stem = g.node("Relu", [g.conv(x, 16, 16, "stem")], name="stem_relu")
-    a = g.node("Relu", [g.conv(stem, 16, 16, "conv1")], name="relu1")
-    a = g.conv(a, 16, 16, "conv2")
-    skip = g.conv(stem, 16, 16, "proj", k=1) if projection else stem
+    x = g.input("x", ["n", c, 8, 8])
+    stem = g.node("Relu", [g.conv(x, c, c, "stem")], name="stem_relu")
+    a = g.node("Relu", [g.conv(stem, c, c, "conv1")], name="relu1")
+    a = g.conv(a, c, c, "conv2")
+    skip = g.conv(stem, c, c, "proj", k=1) if projection else stem
     s = g.node("Add", [a, skip], name="add")
     r = g.node("Relu", [s], name="relu2")
-    g.node("Conv", [r, g.weight("head.w", (16, 16, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
+    g.node("Conv", [r, g.weight("head.w", (c, c, 1, 1))], ["y"], name="head", kernel_shape=[1, 1])
     g.output("y")
     return g.model()
 

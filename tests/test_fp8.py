@@ -49,7 +49,7 @@ def test_fp8_format_rounds_to_nearest_even_and_saturates():
 
 
 def test_fp8_insert_writes_e4m3_with_amax_over_448_and_runs():
-    m = motifs.residual_add(projection=True)
+    m = motifs.residual_add(projection=True, c=32)       # FP8 convolutions need > 16 channels (F8-conv-shape)
     data = motifs.sample_data(m)
     r = qdqgraph.quantize(m, data, precision="fp8", high_precision="fp32")
     inits = _inits(r.model)
@@ -74,7 +74,7 @@ def test_fp8_insert_writes_e4m3_with_amax_over_448_and_runs():
 def test_fp8_quantizes_only_gemm_and_conv_inputs():
     """F8-gemm-conv-only: in INT8 the residual Add takes Q/DQ on its skip input (P6); in FP8 no
     pointwise op does, and the report names the rule."""
-    m = motifs.residual_add()
+    m = motifs.residual_add(c=32)
     data = motifs.sample_data(m)
     int8 = _quantized_inputs(qdqgraph.quantize(m, data, high_precision="fp32").model)
     fp8 = qdqgraph.quantize(m, data, precision="fp8", high_precision="fp32")
@@ -125,7 +125,7 @@ def test_strip_of_fp8_gives_back_the_float_graph():
 
 
 def test_checks_name_fp8_specific_faults():
-    m = motifs.conv_relu()
+    m = motifs.conv_relu(c=32)
     r = qdqgraph.quantize(m, motifs.sample_data(m), precision="fp8", high_precision="fp32")
     loaded = io.load(r.model)
     g = loaded.graph
@@ -146,7 +146,7 @@ def test_fp8_rejects_int8_only_recipes_in_one_line():
 
 
 def test_fp8_raises_the_opset_and_says_so():
-    m = motifs.conv_relu(opset=13)
+    m = motifs.conv_relu(opset=13, c=32)
     r = qdqgraph.quantize(m, motifs.sample_data(m), precision="fp8")
     assert io.opset_of(r.model) >= 19
     assert "opset raised from 13 to 19 (FP8 Q/DQ (float8e4m3fn) needs it)" in r.report.summary()
@@ -188,3 +188,23 @@ def test_fp8_on_a_model_whose_opset_cannot_be_raised_is_one_line(monkeypatch):
     assert str(e.value).startswith("the model's opset 13 could not be raised to 19, which FP8 Q/DQ (float8e4m3fn) "
                                    "needs (No Adapter For Current Version: op X)")
     assert "\n" not in str(e.value)
+
+
+def test_fp8_leaves_small_channel_and_large_filter_convs_in_fp16():
+    """F8-conv-shape: FP8 convolution only with more than 16 channels in and out and a filter of at
+    most 32 elements (a 1-channel stem, a 7x7 filter stay FP16); INT8 quantizes them all."""
+    g = motifs.G("fp8_convs")
+    x = g.input("x", ["n", 1, 16, 16])
+    a = g.node("Relu", [g.conv(x, 1, 32, "stem")], name="r0")                  # 1 input channel
+    b = g.node("Relu", [g.conv(a, 32, 32, "body")], name="r1")                 # 3x3, 32 -> 32
+    g.node("Conv", [b, g.weight("big.w", (32, 32, 7, 7))], ["y"], name="big", kernel_shape=[7, 7],
+           pads=[3, 3, 3, 3])                                                  # 49-element filter
+    g.output("y")
+    m = g.model()
+    data = motifs.sample_data(m)
+    fp8 = qdqgraph.quantize(m, data, precision="fp8", high_precision="fp32")
+    q = _quantized_inputs(fp8.model)
+    assert not q["stem"] and q["body"] == {0, 1} and not q["big"]
+    assert fp8.plan.decisions["stem"].rule == fp8.plan.decisions["big"].rule == "F8-conv-shape"
+    int8 = _quantized_inputs(qdqgraph.quantize(m, data, high_precision="fp32").model)
+    assert int8["big"] == {0, 1}

@@ -150,8 +150,10 @@ def test_strip_of_insert_equals_clean(name, precision):
     expected = io.load(m, min_opset=19 if precision == "fp8" else 13)
     clean(expected)
     # output-aware smoothing changes weights by design (test_recipes.py): off here
+    # the motifs' convs have <= 16 channels, which FP8 leaves in FP16 (F8-conv-shape, advisory): forced in
+    forced = (".*",) if precision == "fp8" else ()
     quantized = io.load(qdqgraph.quantize(m, data, weights="qdq", high_precision="fp32", output_aware=False,
-                                          precision=precision).model)
+                                          precision=precision, include_nodes=forced).model)
     assert strip_qdq(quantized.graph)["removed"] > 0
     # the same nodes with the same connections (a line names a node's inputs and outputs)
     assert sorted(render(quantized.graph).splitlines()) == sorted(render(expected.graph).splitlines())
@@ -159,7 +161,8 @@ def test_strip_of_insert_equals_clean(name, precision):
     for a, b in zip(run(io.to_model(quantized), feed), run(io.to_model(expected), feed)):
         np.testing.assert_array_equal(a, b)
     # with INT8 weights the structure comes back too, the weights dequantized
-    q8 = io.load(qdqgraph.quantize(m, data, high_precision="fp32", output_aware=False, precision=precision).model)
+    q8 = io.load(qdqgraph.quantize(m, data, high_precision="fp32", output_aware=False, precision=precision,
+                                   include_nodes=forced).model)
     strip_qdq(q8.graph)
     assert sorted(n.op for n in q8.graph.nodes) == sorted(n.op for n in expected.graph.nodes)
 

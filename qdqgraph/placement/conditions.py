@@ -197,6 +197,30 @@ def c_is_tiny_conv(ctx, node, arg):
     return hit(f"{ic} in / {oc} out channels (< 16), kernel {list(kernel)}, group {group}")
 
 
+@CONDITIONS.register("fp8_conv_shape")
+def c_fp8_conv_shape(ctx, node, arg):
+    """A Conv TensorRT's FP8 kernels take: more than 16 input and output channels and a filter of
+    at most 32 elements (Model Optimizer's FP8 limits: smaller-channel or larger-filter convs are
+    slower in FP8 than in FP16). `arg`: "MIN_CHANNELS/MAX_FILTER", e.g. "16/32"."""
+    try:
+        min_channels, max_filter = (int(x) for x in arg.split("/"))
+    except ValueError:
+        raise QdqError(f"fp8_conv_shape takes MIN_CHANNELS/MAX_FILTER, e.g. 16/32, not {arg!r}",
+                       "fix the rule file") from None
+    if not _is_plain_conv(ctx, node):
+        return miss("not a Conv")
+    w = ctx.graph.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if w is None or w.ndim < 3:
+        return miss("weight unknown")
+    oc, ic = int(w.shape[0]), int(w.shape[1]) * node.attrs.get("group", 1)
+    area = int(np.prod(w.shape[2:]))
+    if oc <= min_channels or ic <= min_channels:
+        return miss(f"{ic} in / {oc} out channels (FP8 convolution needs more than {min_channels})")
+    if area > max_filter:
+        return miss(f"a filter of {area} elements (FP8 convolution takes at most {max_filter})")
+    return hit(f"{ic} in / {oc} out channels, filter {area}")
+
+
 def _backbone(ctx, t: gs.Tensor, limit=6):
     """The Conv at the head of a conv pattern ending in tensor t (Conv[->BN][->Act][->Dropout],
     bias or constant-scale ops allowed, an activation possibly decomposed into pointwise ops),
