@@ -22,6 +22,7 @@ MUL = "Mul"
 SLICE = "Slice"
 ABS = "Abs"
 REDUCE_MAX = "ReduceMax"
+CLIP = "Clip"
 
 
 def attr_str(attrs: dict, name: str, default: str) -> str:

@@ -51,6 +51,17 @@ def quantize_weight(w: np.ndarray, scale: np.ndarray, axis: int | None, fmt: For
 
 
 @dataclass(frozen=True)
+class Known:
+    """A site's scale given, not computed (qdqgraph.fix keeps a model's own): written as it is, in
+    its own dtype; for a weight, also its axis (None: per tensor) and, when given, its quantized
+    values as they are."""
+
+    scale: np.ndarray
+    axis: int | None = None
+    stored: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class Insertion:
     """One site's Q/DQ as insertion will write it."""
 
@@ -70,8 +81,10 @@ class Insertion:
 
 
 def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8",
-                       view: GraphView | None = None, fmt: Format = INT8) -> list[Insertion]:
-    """What `insert_qdq` will add for `plan` (pure: the graph is read, not changed)."""
+                       view: GraphView | None = None, fmt: Format = INT8,
+                       known: dict[str, Known] | None = None) -> list[Insertion]:
+    """What `insert_qdq` will add for `plan` (pure: the graph is read, not changed); a site in
+    `known` (by tensor) gets the scale (axis, quantized weight) given there."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}")
     view = view or GraphView(graph)
@@ -82,7 +95,12 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
         base = site.tensor
         stored = None
         zero_range = False
-        if site.kind == "activation":
+        given = (known or {}).get(site.tensor)
+        if site.kind == "activation" and given is not None:
+            scale = np.asarray(given.scale)
+            zp = np.zeros((), dtype=fmt.zero_point)
+            axis, source = None, site.tensor
+        elif site.kind == "activation":
             a = amax.get(site.group or site.tensor, amax.get(site.tensor))
             if a is None:
                 raise KeyError(f"no calibrated range for tensor {site.tensor!r}")
@@ -92,12 +110,13 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
             axis, source = None, site.tensor
         else:
             w = view.constant_value(t)
-            axis = site.axis
-            scale = weight_scales(w, axis, fmt)
+            axis = site.axis if given is None else given.axis
+            scale = weight_scales(w, axis, fmt) if given is None else np.asarray(given.scale)
             zp = np.zeros(scale.shape, dtype=fmt.zero_point)
             source = site.tensor
             if weights == "int8":
-                stored = quantize_weight(w, scale, axis, fmt)
+                stored = given.stored if given is not None and given.stored is not None else \
+                    quantize_weight(w, scale, axis, fmt)
                 source = names(f"{base}_{fmt.name}")
         scale_name, zp_name = names(f"{base}_scale"), names(f"{base}_zero_point")
         q = None
@@ -113,17 +132,18 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
 
 
 def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8",
-               fmt: Format = INT8) -> PassResult:
+               fmt: Format = INT8, known: dict[str, Known] | None = None) -> PassResult:
     """Add one Q->DQ per activation site (shared by all its quantized consumers) and a quantized
     weight + DQ (or float weight + Q->DQ with weights="qdq") per weight site, in `fmt` (INT8, FP8). `amax` maps each
-    activation tensor (or scale group) to its calibrated range. Modifies `graph`; details:
+    activation tensor (or scale group) to its calibrated range; `known` gives sites their scales as
+    they are (see planned_insertions). Modifies `graph`; details:
     `activations`, `weights` (counts), `provenance` (inserted node -> rule id), `zero_range`."""
     view = GraphView(graph)
     nodes = {n.name: n for n in graph.nodes}
     provenance: dict[str, str] = {}
     counts = {"activation": 0, "weight": 0}
     zero_range = []
-    for ins in planned_insertions(graph, plan, amax, weights, view, fmt):
+    for ins in planned_insertions(graph, plan, amax, weights, view, fmt, known):
         site = ins.site
         t = view.tensors[site.tensor]
         src = gs.Constant(ins.source, ins.stored) if ins.stored is not None else t

@@ -24,7 +24,7 @@ def _dequantize(view, dq) -> np.ndarray | None:
     elif s.ndim == 1 and s.size > 1:
         shape = [-1 if d == (axis % q.ndim) else 1 for d in range(q.ndim)]
         s, z = s.reshape(shape), z.reshape(shape)
-    return ((q.astype(np.float32) - z.astype(np.float32)) * s).astype(s.dtype)
+    return np.asarray((np.asarray(q, np.float32) - np.asarray(z, np.float32)) * s, dtype=np.asarray(s).dtype)
 
 
 def _dq_dtype(view, dq):
@@ -59,6 +59,15 @@ def _as_type(graph: gs.Graph, view, t: gs.Tensor, dtype, casts: dict) -> gs.Tens
     return casts[key]
 
 
+def replace_uses(graph: gs.Graph, view: GraphView, old: gs.Tensor, new: gs.Tensor) -> None:
+    """Every reader of `old` (its consumers, and the graph's outputs) reads `new` instead."""
+    for c, i in view.consumers(old):
+        c.inputs[i] = new
+    for k, o in enumerate(graph.outputs):
+        if o is old:
+            graph.outputs[k] = new
+
+
 def strip_qdq(graph: gs.Graph) -> PassResult:
     """Bypass every Q->DQ pair and turn every constant->DQ into a float constant. Details: `removed`
     (how many DequantizeLinear nodes went), `casts`. Modifies `graph`. In a model with FP16 islands the result
@@ -77,12 +86,7 @@ def strip_qdq(graph: gs.Graph) -> PassResult:
             if value is None:
                 continue
             replacement = gs.Constant(dq.outputs[0].name.removesuffix("_dequantized"), value)
-        out = dq.outputs[0]
-        for c, i in view.consumers(out):
-            c.inputs[i] = replacement
-        for k, o in enumerate(graph.outputs):
-            if o is out:
-                graph.outputs[k] = replacement
+        replace_uses(graph, view, dq.outputs[0], replacement)
         dq.outputs.clear()
         removed += 1
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
