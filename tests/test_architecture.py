@@ -115,3 +115,17 @@ def test_the_tool_does_not_import_its_testing_helpers():
         if name.startswith("qdqgraph.testing"):
             continue
         assert not any(m.startswith("qdqgraph.testing") for m in imports(name, path, set(mods))), name
+
+
+def test_every_package_ships_in_the_wheel():
+    """A package folder missing from pyproject's `packages` is left out of the wheel (qdqgraph.fix
+    once was): every folder with an __init__.py is listed."""
+    try:
+        import tomllib
+    except ImportError:                      # Python 3.10: the tomli dependency
+        import tomli as tomllib
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "qdqgraph").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
