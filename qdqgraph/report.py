@@ -18,8 +18,27 @@ from .runtime import DISABLED_OPTIMIZERS
 from .placement.plan import Plan
 
 
+class RunLog:
+    """What a run's report keeps of its stages: the seconds each took (`stages`), the passes'
+    results (`passes`) and their warnings (`warnings`); the report dataclasses declare the fields."""
+
+    @contextmanager
+    def stage(self, name: str):
+        """Time a stage (a stage run twice adds up)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
+
+    def add(self, results: list[PassResult]) -> None:
+        for r in results:
+            self.passes.append(r)
+            self.warnings.extend(r.warnings)
+
+
 @dataclass
-class InsertReport:
+class InsertReport(RunLog):
     input: str | None = None
     output: str | None = None
     config: dict = field(default_factory=dict)
@@ -42,20 +61,6 @@ class InsertReport:
     tensorrt: dict | None = None      # the simulator's summary of the written model
 
     # ------------------------------------------------------------------ filled by the stages
-
-    @contextmanager
-    def stage(self, name: str):
-        """Time a stage (a stage run twice adds up)."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
-
-    def add(self, results: list[PassResult]) -> None:
-        for r in results:
-            self.passes.append(r)
-            self.warnings.extend(r.warnings)
 
     def fill_from_plan(self, plan: Plan, amax: dict[str, float] | None = None) -> None:
         counts: dict[str, Counter] = defaultdict(Counter)

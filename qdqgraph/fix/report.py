@@ -4,19 +4,18 @@ reformats inside the network before and after."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..passes.base import PassResult
+from ..report import RunLog
 from .scales import KINDS, Move
 
 SHOWN_PER_KIND = 4             # moves listed per kind in the summary (all of them in the JSON)
 
 
 @dataclass
-class FixReport:
+class FixReport(RunLog):
     input: str | None = None
     output: str | None = None
     config: dict = field(default_factory=dict)
@@ -36,19 +35,6 @@ class FixReport:
     stages: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     opset_raised_from: int | None = None
-
-    @contextmanager
-    def stage(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
-
-    def add(self, results: list[PassResult]) -> None:
-        for r in results:
-            self.passes.append(r)
-            self.warnings.extend(r.warnings)
 
     def counts(self) -> dict[str, int]:
         c = Counter(m.kind for m in self.moves)
