@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from .. import outputs
 from ..errors import QdqError
 from . import args as a
-from .messages import warn_all
-from .progress import bars
+from .insert import write_result
+from .progress import run_with_bars
 
 EXAMPLES = """examples:
   qdqgraph fix model_qat.onnx                            # writes model_qat.fixed.onnx beside it
@@ -66,17 +65,7 @@ def run(args) -> int:
     report_path = plan.output(args.report, "--report")
     if config.providers:
         a.check_providers(config.providers)
-    progress = bars(args)
-    try:
-        result = fix(args.model, args.calib, config=config, high_precision=args.fix_high_precision, progress=progress)
-    finally:
-        if progress is not None:
-            progress.close()
-    written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
-    result.report.output = str(written[0])
-    if report_path:
-        outputs.write_text(report_path, result.report.to_json(), force=args.force)
-    if not args.quiet:
-        print(result.report.summary())
-    warn_all(result.report.warnings)
+    result = run_with_bars(args, lambda progress: fix(args.model, args.calib, config=config,
+                                                      high_precision=args.fix_high_precision, progress=progress))
+    write_result(result, args, out, report_path)
     return 0

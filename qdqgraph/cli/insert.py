@@ -7,7 +7,7 @@ from .. import outputs
 from ..errors import QdqError
 from . import args as a
 from .messages import warn_all
-from .progress import bars
+from .progress import bars, run_with_bars
 
 EXAMPLES = """examples:
   qdqgraph insert model.onnx --calib data.npz                    # writes model.qdq.onnx beside it
@@ -76,6 +76,20 @@ def add(sub) -> None:
     p.set_defaults(run=run)
 
 
+def write_result(result, args, out: Path, report_path) -> list:
+    """Save the model (the input protected) and the JSON report, print the summary unless quiet,
+    then the warnings on stderr. Returns the written paths."""
+    from .. import io
+    written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
+    result.report.output = str(written[0])
+    if report_path:
+        outputs.write_text(report_path, result.report.to_json(), force=args.force)
+    if not args.quiet:
+        print(result.report.summary(warnings=False))
+    warn_all(result.report.warnings)
+    return written
+
+
 def run(args) -> int:
     from .. import io
     from ..pipeline import default_output, quantize
@@ -104,19 +118,9 @@ def run(args) -> int:
     if config.ray:                                  # Ray missing: one line naming the extra, before any work
         from ..distributed import require
         require()
-    progress = bars(args)
-    try:
-        result = quantize(args.model, args.calib, config=config, calib_cache=args.calib_cache, progress=progress)
-    finally:
-        if progress is not None:
-            progress.close()
-    written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
-    result.report.output = str(written[0])
-    if report_path:
-        outputs.write_text(report_path, result.report.to_json(), force=args.force)
-    if not args.quiet:
-        print(result.report.summary(warnings=False))
-    warn_all(result.report.warnings)
+    result = run_with_bars(args, lambda progress: quantize(args.model, args.calib, config=config,
+                                                           calib_cache=args.calib_cache, progress=progress))
+    written = write_result(result, args, out, report_path)
     if not args.quiet and args.verify > 0 and args.calib is not None and args.calib != "random":
         from ..evaluate import compare
         progress = bars(args)

@@ -42,3 +42,13 @@ def bars(args) -> Bars | None:
     except ImportError:
         return None
     return Bars()
+
+
+def run_with_bars(args, fn):
+    """`fn(progress)` with the command's progress bars (None when quiet), closed however it ends."""
+    progress = bars(args)
+    try:
+        return fn(progress)
+    finally:
+        if progress is not None:
+            progress.close()

@@ -59,7 +59,9 @@ class FixReport(RunLog):
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, default=str) + "\n"
 
-    def summary(self) -> str:
+    def summary(self, warnings: bool = True) -> str:
+        """The lines the CLI prints; `warnings=False` leaves the warnings out (the CLI writes them
+        to stderr)."""
         r = self.read
         types = ", ".join(f"{n} {t}" for t, n in r.get("types", {}).items())
         lines = [f"read: {r.get('activation_dq', 0)} activation Q/DQ on {r.get('activation_tensors', 0)} tensors, "
@@ -98,6 +100,7 @@ class FixReport(RunLog):
                          f"{100 * b['int8_flops_share']:.1f}% -> {100 * a['int8_flops_share']:.1f}%")
         if self.output:
             lines.append(f"wrote {self.output}")
+        lines += [f"warning: {w}" for w in (dict.fromkeys(self.warnings) if warnings else ())]
         return "\n".join(lines)
 
 
