@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -190,8 +191,11 @@ def _qdq(g: gs.Graph, t, scale: np.ndarray, axis: int | None, base: str) -> gs.V
 
 
 def modelopt(src: Path, calib: Path, dst: Path, python: str, samples: int) -> str | None:
-    p = subprocess.run([python, "-c", MO_CHILD, str(src), str(calib), str(dst), str(samples)],
-                       capture_output=True, text=True, check=False)
+    with tempfile.TemporaryDirectory() as d:          # Model Optimizer writes into its input file
+        private = Path(d) / src.name
+        shutil.copy2(src, private)
+        p = subprocess.run([python, "-c", MO_CHILD, str(private), str(calib), str(dst), str(samples)],
+                           capture_output=True, text=True, check=False)
     if dst.exists():
         return None
     return "Model Optimizer failed: " + ((p.stderr.strip().splitlines() or ["?"])[-1][:100])

@@ -45,8 +45,10 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -98,6 +100,16 @@ class Reader:
         self.it = iter(self.feeds)
 
 
+def private_copy(model: str, folder: str) -> str:
+    """A copy of `model` (and its external data files) in `folder`: Model Optimizer 0.47 saves the
+    shape-inferred model over the path it is given, which would change the zoo's files."""
+    src = Path(model)
+    m = onnx.load(str(src), load_external_data=False)
+    for f in {e.value for t in m.graph.initializer for e in t.external_data if e.key == "location"}:
+        shutil.copy2(src.parent / f, Path(folder) / f)
+    return str(shutil.copy2(src, Path(folder) / src.name))
+
+
 def quantize(tool: str, model: str, out: str, feeds, block_size: int, op_types: list[str] | None = None) -> None:
     if tool.startswith("modelopt-"):
         from modelopt.onnx.quantization import quantize as mo_quantize
@@ -108,8 +120,10 @@ def quantize(tool: str, model: str, out: str, feeds, block_size: int, op_types: 
               }[tool[len("modelopt-"):]]
         if op_types and tool == "modelopt-fp8":
             kw["op_types_to_quantize"] = op_types
-        mo_quantize(model, calibration_data=data, calibration_eps=["cpu"], output_path=out,
-                    log_level="WARNING", **kw)
+        with tempfile.TemporaryDirectory() as d:      # Model Optimizer writes into its input file
+            private = private_copy(model, d)
+            mo_quantize(private, calibration_data=data, calibration_eps=["cpu"], output_path=out,
+                        log_level="WARNING", **kw)
     elif tool == "ort-fp8":
         from onnxruntime.quantization import (
             CalibrationMethod,

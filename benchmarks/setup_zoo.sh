@@ -58,20 +58,23 @@ else
 fi
 
 # 3. models ----------------------------------------------------------------------------------
-# get_models.py writes manifest.json last, so a manifest whose files all exist is a finished run.
+# get_models.py writes manifest.json last, so a manifest whose files all exist, with the sha256 it
+# recorded, is a finished run (a tool that writes into its input, as Model Optimizer 0.47 does, makes
+# the models be extracted again).
 models_ok() {
     "$VPY" - "$ZOO/models" <<'EOF'
-import json, sys
+import hashlib, json, sys
 from pathlib import Path
 d = Path(sys.argv[1])
 man = json.loads((d / "manifest.json").read_text())
 ok = len(man) > 0 and all((d / m["file"]).is_file() for m in man)
+ok = ok and all(hashlib.sha256((d / m["file"]).read_bytes()).hexdigest() == m["sha256"] for m in man if m.get("sha256"))
 ok = ok and (not any(m["name"] == "minilm_l6_v2" for m in man) or (d / "minilm_l6_v2.tokenizer.json").is_file())
 sys.exit(0 if ok else 1)
 EOF
 }
 if [ -f "$ZOO/models/manifest.json" ] && models_ok 2>/dev/null && [ "$FORCE" != 1 ]; then
-    skip "get_models.py" "$ZOO/models/manifest.json and its models exist"
+    skip "get_models.py" "$ZOO/models/manifest.json and its models exist, unchanged"
 else
     step_start "get_models.py"
     rm -f "$ZOO/models/manifest.json"
