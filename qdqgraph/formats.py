@@ -67,7 +67,14 @@ def activation_format(precision: str) -> Format | None:
     return ACTIVATION_FORMATS.get(precision)
 
 
-def format_of_zero_point(dtype) -> Format | None:
-    """The format a Q/DQ's zero-point type selects (TRT_RULES C2), None for others (uint8, int4)."""
-    d = np.dtype(dtype)
-    return next((f for f in ACTIVATION_FORMATS.values() if f.zero_point == d), None)
+# The zero-point types TensorRT takes, each selecting its quantized type (TRT_RULES C2), and the
+# 4-bit types (stored two to a byte).
+ZERO_POINT_TYPES = {np.dtype(np.int8): "INT8", np.dtype(ml_dtypes.float8_e4m3fn): "FP8",
+                    np.dtype(ml_dtypes.int4): "INT4"}
+FOUR_BIT_TYPES = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
+
+
+def quantized_label(zero_point) -> str:
+    """INT8, FP8 or INT4: the quantized type a Q/DQ's zero point (an array, or None) selects; INT8
+    when there is none (ONNX's default) or its type is not one of ZERO_POINT_TYPES."""
+    return "INT8" if zero_point is None else ZERO_POINT_TYPES.get(np.dtype(zero_point.dtype), "INT8")

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from . import outputs
 from .errors import QdqError
+from .formats import FOUR_BIT_TYPES
 from .ops import CONSTANT
 
 # A protobuf cannot exceed 2 GiB; above this many bytes of tensors a model is written with its
@@ -281,16 +281,13 @@ def _materialize(graph: gs.Graph) -> None:
                 t.dtype = onnx.helper.tensor_dtype_to_np_dtype(t.dtype)
 
 
-_4BIT = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
-
-
 def _pack_4bit(graph: gs.Graph) -> None:
     """graphsurgeon 0.6.1 writes an int4 array one value per byte, which onnx rejects: hand it
     those constants as TensorProtos onnx packed (two values per byte), which it writes as they are."""
     for g in [graph, *graph.subgraphs(recursive=True)]:
         for t in g.tensors().values():
             if isinstance(t, gs.Constant) and not isinstance(t._values, gs.ir.tensor.LazyValues) \
-                    and np.dtype(t.values.dtype) in _4BIT:
+                    and np.dtype(t.values.dtype) in FOUR_BIT_TYPES:
                 t.values = gs.ir.tensor.LazyValues(onnx.numpy_helper.from_array(t.values, t.name))
 
 

@@ -1,16 +1,12 @@
 """Q/DQ invariants that every qdqgraph output must keep, and that `report` lints in any model."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..formats import ZERO_POINT_TYPES
 from ..ops import DEQUANTIZE, QUANTIZE
 from ..view import GraphView
-
-
-QUANTIZED_TYPES = {np.dtype(np.int8): "int8", np.dtype(ml_dtypes.float8_e4m3fn): "float8e4m3fn",
-                   np.dtype(ml_dtypes.int4): "int4"}     # the zero-point types TensorRT takes (TRT_RULES C2)
 
 
 def qdq_violations(graph: gs.Graph) -> list[str]:
@@ -33,7 +29,7 @@ def qdq_violations(graph: gs.Graph) -> list[str]:
         qtype = np.dtype(np.int8)
         if len(n.inputs) > 2 and n.inputs[2].name:
             z = view.constant_value(n.inputs[2])
-            if z is None or np.dtype(z.dtype) not in QUANTIZED_TYPES:
+            if z is None or np.dtype(z.dtype) not in ZERO_POINT_TYPES:
                 out.append(f"{where}: zero point is not an int8, float8e4m3fn or int4 constant")
                 continue
             qtype = np.dtype(z.dtype)
@@ -54,7 +50,7 @@ def qdq_violations(graph: gs.Graph) -> list[str]:
         if n.op == QUANTIZE and view.dtype(x) is not None and not view.is_float(x):
             out.append(f"{where}: quantizes a non-float tensor {x.name}")
         if n.op == DEQUANTIZE and view.dtype(x) is not None and np.dtype(view.dtype(x)) != qtype:
-            out.append(f"{where}: dequantizes {np.dtype(view.dtype(x)).name}, not {QUANTIZED_TYPES[qtype]} "
+            out.append(f"{where}: dequantizes {np.dtype(view.dtype(x)).name}, not {qtype.name} "
                        f"(its zero point's type)")
         if n.op == DEQUANTIZE:
             for c, i in view.consumers(n.outputs[0]):

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ops import attr_str, inference_no_op, nearest_resize
+import numpy as np
+
 from .. import attention
+from ..formats import FOUR_BIT_TYPES, ZERO_POINT_TYPES
+from ..ops import attr_str, inference_no_op, nearest_resize
 from ..pointwise import region_from
 from ..rulebook.match import Conditions, Context, Match, hit, miss
 from ..rulebook.match import op_matches as _op_matches
@@ -155,9 +158,6 @@ def c_inputs_equal_dq(ctx, node, arg):
 
 # ---------------------------------------------------------------------------- weights, merge, cancel
 
-LOW_BIT_TYPES = ("float8_e4m3fn", "int4", "uint4")      # ml_dtypes types numpy does not call integers
-
-
 @CONDITIONS.register("constant_input")
 def c_constant_input(ctx, node, arg):
     """Input 0 is a constant of the given kind: "quantized" (INT8, FP8 or INT4) or "float"."""
@@ -165,7 +165,7 @@ def c_constant_input(ctx, node, arg):
     v = ctx.graph.const(t)
     if v is None or ctx.graph.tensors[t].weight_of:
         return miss(f"input {t} is not a constant")
-    if arg == "quantized" and v.dtype.kind not in "iu" and v.dtype.name not in LOW_BIT_TYPES:
+    if arg == "quantized" and v.dtype.kind not in "iu" and np.dtype(v.dtype) not in (*ZERO_POINT_TYPES, *FOUR_BIT_TYPES):
         return miss(f"input {t} is a {v.dtype} constant, not a quantized (INT8, FP8, INT4) one")
     if arg == "float" and v.dtype.kind != "f":
         return miss(f"input {t} is a {v.dtype} constant, not a float one")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import vocabulary
+from ..formats import FOUR_BIT_TYPES, FP8
 from .conditions import attention_block
 from .ir import DQ, OP, Q, SimGraph, SNode
 from .regions import costly_regions
@@ -80,14 +81,14 @@ SCALE_TYPES = ("float32", "float16", "bfloat16")
 FP8_HEAD_SIZES = (9, 256, 16)      # FP8 attention: 8 < head size <= 256, a multiple of 16 (TRT_RULES C9)
 
 
-def _zero_point_type(n: SNode) -> str:
+def _zero_point_type(n: SNode) -> np.dtype:
     zp = n.qp.zero_point if n.qp is not None else None
-    return np.dtype(zp.dtype).name if zp is not None else "int8"
+    return np.dtype(zp.dtype) if zp is not None else np.dtype(np.int8)
 
 
 def _int4_check(g: SimGraph, n: SNode) -> list[Diagnostic]:
     """QDQ214: INT4 is weight-only block quantization for GEMMs (C5, C10)."""
-    if _zero_point_type(n) not in ("int4", "uint4"):
+    if _zero_point_type(n) not in FOUR_BIT_TYPES:
         return []
     if n.role == Q:
         return [Diagnostic("QDQ214", n.name, "an INT4 QuantizeLinear: TensorRT's INT4 is for weights only",
@@ -237,7 +238,7 @@ def _attention_diagnostics(g: SimGraph, n: SNode) -> list[Diagnostic]:
                               "TensorRT's fused INT8 attention needs Q/DQ on all four GEMM inputs, so the GEMMs run "
                               "apart with reformats between them (F10)",
                               "quantize q, k, the probabilities (fixed scale 1/127) and v, or none of them (P15)"))
-    if len(done) == 4 and softmax_q and _zero_point_type(softmax_q[0]) == "float8_e4m3fn":
+    if len(done) == 4 and softmax_q and _zero_point_type(softmax_q[0]) == FP8.zero_point:
         shape = g.tensors[block.bmm1.inputs[0]].shape if block.bmm1.inputs[0] in g.tensors else None
         h = shape[-1] if shape else None
         low, high, step = FP8_HEAD_SIZES

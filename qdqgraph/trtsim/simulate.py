@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..formats import FOUR_BIT_TYPES, quantized_label
+
 from .conditions import LayerBuild
 from .flops import node_flops
 from .fuse import Fuser
@@ -37,7 +39,7 @@ def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | No
                 for names in (g.inputs, g.outputs)]
     quantized = quantized_types(g)
     int4_readers = {c.name for n in g.nodes.values() if n.role == DQ and n.qp is not None
-                    and n.qp.zero_point is not None and np.dtype(n.qp.zero_point.dtype).name in ("int4", "uint4")
+                    and n.qp.zero_point is not None and np.dtype(n.qp.zero_point.dtype) in FOUR_BIT_TYPES
                     for o in n.outputs for c, _ in g.consumers(o)}
     unused = g.prune()
     trace = Trace()
@@ -75,12 +77,8 @@ def quantized_types(g: SimGraph) -> str:
     for n in g.nodes.values():
         if n.role not in (Q, DQ):
             continue
-        zp = n.qp.zero_point if n.qp is not None else None
-        found.add(QUANTIZED_NAMES.get(np.dtype(zp.dtype).name, "INT8") if zp is not None else "INT8")
+        found.add(quantized_label(n.qp.zero_point if n.qp is not None else None))
     return "+".join(sorted(found)) if found else "INT8"
-
-
-QUANTIZED_NAMES = {"int8": "INT8", "float8_e4m3fn": "FP8", "int4": "INT4"}
 
 
 def _layer(g: SimGraph, b: LayerBuild, trace: Trace) -> Layer:
