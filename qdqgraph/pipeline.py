@@ -237,7 +237,9 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
         violations = qdq_violations(loaded.graph)
         if violations:
             raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
-    provenance = {f"{w}_int4_dequantize": "I4-weight" for w in int4["weights"]}
+    # each DequantizeLinear is stamped with the placement rule of its weight's site
+    rule = {s.tensor: s.rule for s in plan.weight_sites()}
+    provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
     model_out, final = _deploy(loaded, provenance, cfg, data, report)
     with report.stage("simulate"):
         _predict(final, report)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from .formats import DEFAULT_PRECISION, OPSETS, label
 from .passes.base import PassResult
-from .runtime import DISABLED_OPTIMIZERS
+from .runtime import DISABLED_OPTIMIZERS, FP16_FAULTS
 from .placement.plan import Plan
 
 
@@ -258,7 +258,7 @@ def _ort_disabled(precision: str) -> list[str]:
     """The onnxruntime graph optimizations to turn off when running the written model (README,
     Deployment): WeightBiasQuantization for FP16 islands, and for FP8 the Relu/Clip rewrites that
     drop a Relu before an FP8 Q (qdqgraph.runtime.DISABLED_OPTIMIZERS)."""
-    return DISABLED_OPTIMIZERS if precision == "fp8" else DISABLED_OPTIMIZERS[:1]
+    return DISABLED_OPTIMIZERS if precision == "fp8" else FP16_FAULTS
 
 
 def _pct(share: float) -> str:

@@ -54,7 +54,9 @@ def custom_op_libraries() -> list[str]:
 # to cosine 0.37 against float (0.998 without the rewrite; onnxruntime 1.32). With qdqgraph's
 # symmetric INT8 (zero point 0, lowest -128) the rewrites never apply, so turning them off changes
 # nothing there.
-DISABLED_OPTIMIZERS = ["WeightBiasQuantization", "ReluQuantRewrite", "ClipQuantRewrite"]
+FP16_FAULTS = ["WeightBiasQuantization"]
+FP8_FAULTS = ["ReluQuantRewrite", "ClipQuantRewrite"]
+DISABLED_OPTIMIZERS = FP16_FAULTS + FP8_FAULTS
 
 
 def graph_session(loaded: io.Loaded, providers: list[str] | None = None, purpose: str = "calibration",

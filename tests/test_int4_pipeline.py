@@ -57,6 +57,9 @@ def test_int4_writes_blocked_int4_weights_and_no_activation_qdq(method):
         assert inits[n.input[0]].data_type == onnx.TensorProto.INT4
         assert inits[n.input[2]].data_type == onnx.TensorProto.INT4
     assert r.report.int4["bytes_after"] < r.report.int4["bytes_before"] / 4
+    # each DequantizeLinear carries the placement rule of its weight's site
+    assert {n.name: {p.key: p.value for p in n.metadata_props}.get(io.RULE_KEY) for n in dqs} == \
+        {"w1_int4_dequantize": "P1-matmul", "w2_int4_dequantize": "P1-matmul"}
     assert "INT4 weights: 2 MatMul/Gemm weights in blocks of 64" in r.report.summary()
     assert r.report.tensorrt["int4_weight_layers"] == 2 and "2 GEMMs with INT4 weights" in r.report.summary()
     feed = {"x": data["x"][0]}
@@ -113,6 +116,10 @@ def test_cli_int4_without_data_and_bad_block_size(tmp_path):
     bad = subprocess.run(cmd[:-3] + ["--block-size", "96", "-o", str(tmp_path / "b.onnx")], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "96" in bad.stderr and not (tmp_path / "b.onnx").exists()
+    no_data = subprocess.run(cmd[:-5] + ["-o", str(tmp_path / "c.onnx")], capture_output=True, text=True)   # awq
+    assert no_data.returncode == 2 and len(no_data.stderr.strip().splitlines()) == 1
+    assert "--int4-method awq searches scales on calibration data" in no_data.stderr
+    assert not (tmp_path / "c.onnx").exists()
 
 
 def test_checks_name_a_block_size_that_does_not_divide_and_a_wrong_block_count():

@@ -97,10 +97,7 @@ def run(args) -> int:
     a.at_least(args.verify, "--verify", 0)
     a.at_least(args.max_batch, "--max-batch", 1)
     a.at_least(args.workspace, "--workspace", 1)
-    if args.calib is None and args.calib_cache is None and not (config.precision == "int4" and config.int4_method == "rtn"):
-        if config.precision == "int4":
-            raise QdqError("--int4-method awq searches scales on calibration data, and none was given",
-                           "pass --calib DATA.npz, or --int4-method rtn (round to nearest, no data)")
+    if args.calib is None and args.calib_cache is None and config.precision != "int4":   # int4: quantize() decides
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz, --calib-cache FILE, or --calib random (scales then mean nothing)")
     io.require_model_file(args.model)

@@ -417,8 +417,9 @@ def _clip_stats(ratio: np.ndarray | None) -> dict:
 
 
 def _replace(graph: gs.Graph, name: str, nodes: list[gs.Node], q: np.ndarray, scale: np.ndarray,
-             axis: int, block_size: int, shape: tuple) -> None:
-    """Feed `nodes` input 1 from DequantizeLinear(q, scale, zeros) (q, scale: [K, N] layout)."""
+             axis: int, block_size: int, shape: tuple) -> str:
+    """Feed `nodes` input 1 from DequantizeLinear(q, scale, zeros) (q, scale: [K, N] layout);
+    returns the DequantizeLinear's name."""
     if axis == 1:
         q, scale = q.T, scale.T
     zero = _int4_constant(f"{name}_int4_zero_point", np.zeros(scale.shape, np.int8))
@@ -429,6 +430,7 @@ def _replace(graph: gs.Graph, name: str, nodes: list[gs.Node], q: np.ndarray, sc
                                outputs=[out]))
     for node in nodes:
         node.inputs[1] = out
+    return f"{name}_int4_dequantize"
 
 
 def quantize_int4_weights(loaded: io.Loaded, *, block_size: int = 128, method: str = "rtn",
@@ -488,9 +490,9 @@ def _int4_weight(graph: gs.Graph, view: GraphView, name: str, group: list[tuple[
     q, scale, ratio, err, rtn = _quantize_weight(_as_kn(value, t.axis), x, c.scale if c else None,
                                                  block_size, value.dtype)
     kept = _read_elsewhere(view, node.inputs[1], [n for _, n in group])
-    _replace(graph, name, [n for _, n in group], q, scale, t.axis, block_size, value.shape)
+    dq = _replace(graph, name, [n for _, n in group], q, scale, t.axis, block_size, value.shape)
     size = _int4_bytes(q.size) + scale.nbytes + _int4_bytes(scale.size) + (value.nbytes if kept else 0)
-    return {"nodes": [n.name for _, n in group], "k": t.k, "n": t.n, "axis": t.axis, "blocks": int(scale.size),
+    return {"nodes": [n.name for _, n in group], "dequantize": dq, "k": t.k, "n": t.n, "axis": t.axis, "blocks": int(scale.size),
             "method": method, "alpha": c.alpha if c else 0.0, "scaling": c.how if c else "none",
             "clip": _clip_stats(ratio), "error": err, "rtn_error": rtn, "float_kept": kept,
             "bytes_before": int(value.nbytes), "bytes_after": int(size)}

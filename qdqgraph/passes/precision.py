@@ -332,7 +332,7 @@ def _bounded_below_limit(view: GraphView, t: gs.Variable) -> bool:
     it need not be fetched (about half of a Q/DQ graph's float tensors, and the fetching is what
     the range run costs)."""
     node = view.producer(t)
-    if node is None or not vocabulary().is_(node, "dequantize") or len(node.inputs) < 2:
+    if node is None or not view.vocab.is_(node, "dequantize") or len(node.inputs) < 2:
         return False
     scale = view.constant_value(node.inputs[1])
     zp = view.constant_value(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
