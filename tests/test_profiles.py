@@ -4,7 +4,7 @@ import pytest
 
 from qdqgraph.data import CalibrationData, InputSpec
 from qdqgraph.errors import QdqError
-from qdqgraph.profiles import from_data, from_flags, parse_shapes, profiles
+from qdqgraph.backends.profiles import from_data, from_flags, parse_shapes, profiles
 
 IMG = InputSpec("input", np.dtype(np.float32), ("batch", 3, "h", "w"))
 IDS = InputSpec("ids:0", np.dtype(np.int64), ("batch", "seq"))

@@ -109,8 +109,13 @@ def add_shapes(p):
 
 def add_engine(p):
     g = p.add_argument_group("engine")
+    g.add_argument("--backend", choices=("auto", "tensorrt", "tensorrt-rtx"), default="auto",
+                   help="the compiler: datacenter TensorRT (needs a GPU) or TensorRT for RTX (builds without "
+                        "one); auto takes TensorRT where it imports, else TensorRT for RTX")
+    g.add_argument("--compute-capability", metavar="SM[,SM...]",
+                   help="TensorRT for RTX targets, e.g. sm89,sm120 (default: the builder's, or what FP8/INT4 need)")
     g.add_argument("--layer-info", metavar="LAYERS.json",
-                   help="write TensorRT's engine inspector JSON, and diff it against the simulator")
+                   help="write the compiled engine's kernels (precisions, shapes, ONNX nodes) as JSON")
     g.add_argument("--timing-cache", metavar="FILE", help="TensorRT timing cache to read and update")
     g.add_argument("--workspace", type=int, metavar="MB", help="builder workspace limit in MiB")
     return g

@@ -106,10 +106,10 @@ def run(args) -> int:
     out = plan.output(args.output or default_output(args.model), "output model")
     report_path = plan.output(args.report, "--report")
     if args.engine:                                 # fail before any work when the engine cannot be built
-        from ..engine import import_tensorrt
+        from .build import check_engine_args
         plan.output(args.engine, "--engine")
         plan.output(args.layer_info, "--layer-info")
-        import_tensorrt()
+        check_engine_args(args)
     if config.providers:
         a.check_providers(config.providers)
     if config.ray:                                  # Ray missing: one line naming the extra, before any work
@@ -129,9 +129,9 @@ def run(args) -> int:
                 progress.close()
     if args.engine:
         from ..prepare import read_data
-        from .build import build_and_diff
+        from .build import build_and_check
         loaded = io.load(written[0])
         loaded.fixed_inputs = tuple(config.fixed)    # the written model lacks them
         data = read_data(loaded, args.calib, config) if args.calib and args.calib != "random" else None
-        build_and_diff(written[0], Path(args.engine), args, loaded, data)
+        build_and_check(written[0], Path(args.engine), args, loaded, data)
     return 0

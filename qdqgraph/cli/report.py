@@ -32,7 +32,7 @@ def add(sub) -> None:
 def run(args) -> int:
     from .. import io
     from ..placement import load_ruleset
-    from ..trtsim import diff, lint, read_engine_report, simulate
+    from ..trtsim import lint, read_engine_report, simulate
     io.require_model_file(args.model)
     plan = outputs.Plan(args.force, inputs=[args.model, args.against])
     json_path = plan.output(args.json, "--json")
@@ -45,7 +45,8 @@ def run(args) -> int:
     for d in diagnostics:
         print(d)
     if engine is not None:
-        print(diff(sim, engine).table())
+        from .build import comparison
+        print(comparison(sim, engine))
     if json_path:
         outputs.write_text(json_path, sim.to_json() + "\n", force=args.force)
     if graph_path:

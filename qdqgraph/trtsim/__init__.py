@@ -18,7 +18,7 @@ the tensors are float16 (strong typing). An engine built with --best/--fp16 may 
 tensors by speed: `diff` compares int8 vs float unless exact=True. Layout reformats TensorRT adds
 (NC/32 <-> linear copies) are not predicted; `diff` lists and skips them.
 """
-from .diff import Diff, diff
+from .diff import Diff, KernelAgreement, diff, kernel_agreement
 from .engine_report import EngineLayer, EngineReport, read_engine_report
 from .lint import Diagnostic, lint
 from .propagate import FixpointExceeded
@@ -27,4 +27,4 @@ from .rules import load_sim_rules
 from .simulate import simulate
 
 __all__ = ["simulate", "SimReport", "Layer", "Port", "lint", "Diagnostic", "read_engine_report", "EngineReport",
-           "EngineLayer", "diff", "Diff", "load_sim_rules", "FixpointExceeded"]
+           "EngineLayer", "diff", "Diff", "kernel_agreement", "KernelAgreement", "load_sim_rules", "FixpointExceeded"]

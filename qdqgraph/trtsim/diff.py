@@ -116,3 +116,79 @@ def diff(sim: SimReport, engine: EngineReport, exact: bool = False) -> Diff:
     out.sim_reformats = [x.name for x in sim.reformats]
     out.engine_reformats = [e.name for e in engine.reformats]
     return out
+
+
+_QUANTIZED = ("int8", "fp8", "int4")
+_COMPUTE = {"convolution", "deconvolution", "gemm", "attention"}
+_SIM_COMPUTE = {"convolution", "gemm", "matmul", "attention"}
+
+
+def _class(p: str | None) -> str:
+    return "quantized" if p in _QUANTIZED else "float" if p else "?"
+
+
+@dataclass
+class KernelCheck:
+    kernel: str              # the engine's compute kernel
+    layer: str               # the predicted layer it computes ("" when none)
+    predicted: str           # quantized | float
+    compiled: str            # the kernel's activation input type (int8, fp8, fp16, fp32, ...)
+    weights: str = ""        # the kernel's weight type, where it has one
+
+    @property
+    def agrees(self) -> bool:
+        return bool(self.layer) and self.predicted == _class(self.compiled)
+
+
+@dataclass
+class KernelAgreement:
+    """Compute kernels (convolution, GEMM, fused attention) of a compiled engine against the
+    prediction: does each run on quantized inputs exactly where the prediction says?"""
+    checks: list[KernelCheck] = field(default_factory=list)
+
+    @property
+    def share(self) -> float:
+        return sum(c.agrees for c in self.checks) / len(self.checks) if self.checks else 0.0
+
+    @property
+    def quantized(self) -> list[KernelCheck]:
+        return [c for c in self.checks if _class(c.compiled) == "quantized"]
+
+    def summary(self) -> dict:
+        return {"compute_kernels": len(self.checks), "agree": sum(c.agrees for c in self.checks),
+                "share": round(self.share, 4), "quantized_kernels": len(self.quantized),
+                "attention_kernels": sum(c.kernel.startswith("_gemm_mha") for c in self.checks)}
+
+    def to_dict(self) -> dict:
+        return {"summary": self.summary(),
+                "kernels": [{"kernel": c.kernel, "layer": c.layer, "predicted": c.predicted,
+                             "compiled": c.compiled, "weights": c.weights, "agrees": c.agrees}
+                            for c in self.checks]}
+
+    def table(self) -> str:
+        s = self.summary()
+        lines = [f"compute kernels: {s['agree']}/{s['compute_kernels']} as predicted ({100 * self.share:.1f}%), "
+                 f"{s['quantized_kernels']} on quantized inputs"]
+        for c in self.checks:
+            if not c.agrees:
+                what = f"predicted {c.predicted}" if c.layer else "no predicted layer"
+                lines.append(f"  differs  {c.kernel}: {what}, compiled on {c.compiled}")
+        return "\n".join(lines)
+
+
+def kernel_agreement(sim: SimReport, engine: EngineReport) -> KernelAgreement:
+    """Match each compute kernel of a compiler listing (layers with a qdqgraph kind) to the predicted
+    layer holding the ONNX node it is named after (fused attention: the nodes of its metadata)."""
+    owner = {n: x for x in sim.layers if not x.reformat and x.kind in _SIM_COMPUTE
+             for n in x.nodes}
+    out = KernelAgreement()
+    for el in engine.layers:
+        if el.kind not in _COMPUTE or not el.inputs:
+            continue
+        names = el.nodes if el.kind == "attention" else el.tokens
+        sl = next((owner[n] for n in names if n in owner), None)
+        compiled = el.inputs[0][1] or "?"
+        weights = next((p for _, p in el.constants if p in _QUANTIZED), "")
+        predicted = _class(sl.inputs[0].precision) if sl is not None and sl.inputs else "?"
+        out.checks.append(KernelCheck(el.name, sl.name if sl is not None else "", predicted, compiled, weights or ""))
+    return out

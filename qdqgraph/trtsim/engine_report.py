@@ -9,6 +9,12 @@ appear in it too, so the reader keeps every token and `diff` keeps those that ar
 Standalone Q/DQ: `Origin: "QDQ"` (TRT >= 8.4), or, in TRT 8.2-era files without `Origin`, a
 `Scale` or `Reformat` layer that changes float <-> Int8. Layout reformats (`Origin: "REFORMAT"`,
 "Reformatting CopyNode ...") and TensorRT's own NoOp/Constant layers carry no ONNX node.
+
+qdqgraph's own layer JSON (`build --layer-info`, any backend) uses the same keys and adds, per layer,
+"Nodes" (the ONNX nodes the kernel computes, from the compiler's metadata), "Kind" (convolution,
+gemm, attention, pointwise, quantize, dequantize, pooling, ...), "Fused" (the ops a generated kernel
+strings together) and each tensor's "Dimensions"; its "Origin" is "QDQ" for a kernel that only
+quantizes or dequantizes.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ def precision_of(fmt: str | None) -> str | None:
     f = fmt.lower()
     if "int8" in f:
         return "int8"
+    if "int4" in f:
+        return "int4"
     if "fp16" in f or "half" in f:
         return "fp16"
     if "fp32" in f or "float" in f:
@@ -75,6 +83,11 @@ class EngineLayer:
     origin: str | None
     inputs: list[tuple[str, str | None]] = field(default_factory=list)    # (tensor, precision)
     outputs: list[tuple[str, str | None]] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)       # ONNX nodes behind the kernel (compiler metadata)
+    kind: str | None = None                              # qdqgraph's kind, where the backend told it
+    fused: list[str] = field(default_factory=list)       # ops strung together in a generated kernel
+    shapes: dict[str, list[int]] = field(default_factory=dict)   # tensor -> dims, where given
+    constants: list[tuple[str, str | None]] = field(default_factory=list)   # weights and other constants
 
     @property
     def layout(self) -> bool:
@@ -93,10 +106,22 @@ class EngineLayer:
         return False
 
     def to_json(self):
-        return {"name": self.name, "type": self.layer_type, "origin": self.origin,
-                "inputs": [{"tensor": t, "precision": p} for t, p in self.inputs],
-                "outputs": [{"tensor": t, "precision": p} for t, p in self.outputs],
+        return {"name": self.name, "type": self.layer_type, "origin": self.origin, "kind": self.kind,
+                "nodes": self.nodes, "fused": self.fused,
+                "inputs": [{"tensor": t, "precision": p, "shape": self.shapes.get(t)} for t, p in self.inputs],
+                "outputs": [{"tensor": t, "precision": p, "shape": self.shapes.get(t)} for t, p in self.outputs],
                 "reformat": self.qdq_reformat}
+
+    def to_trt_json(self) -> dict:
+        """The layer in TensorRT's layer-information keys plus qdqgraph's (read back by parse_engine_info)."""
+        def port(t, p):
+            d = {"Name": t, "Format/Datatype": _DATATYPE.get(p or "", p or "")}
+            if t in self.shapes:
+                d["Dimensions"] = self.shapes[t]
+            return d
+        return {"Name": self.name, "LayerType": self.layer_type, "Origin": self.origin, "Kind": self.kind,
+                "Nodes": self.nodes, "Fused": self.fused, "Inputs": [port(t, p) for t, p in self.inputs],
+                "Outputs": [port(t, p) for t, p in self.outputs]}
 
 
 @dataclass
@@ -109,10 +134,13 @@ class EngineReport:
         return [x for x in self.layers if x.qdq_reformat]
 
 
+_DATATYPE = {"int8": "Int8", "fp16": "Half", "fp32": "Float", "bf16": "BFloat16", "fp8": "FP8", "int32": "Int32",
+             "int4": "Int4"}
+
 _FIX = "pass the JSON of trtexec --exportLayerInfo (or of the engine inspector)"
 
 
-def _ports(items, where: str) -> list[tuple[str, str | None]]:
+def _ports(items, where: str, shapes: dict) -> list[tuple[str, str | None]]:
     if items is None:
         return []
     if not isinstance(items, list):
@@ -123,8 +151,29 @@ def _ports(items, where: str) -> list[tuple[str, str | None]]:
             name, fmt = p.get("Name", ""), p.get("Format/Datatype")
             if not isinstance(name, str) or not (fmt is None or isinstance(fmt, str)):
                 raise QdqError(f"{where}: a tensor's \"Name\" and \"Format/Datatype\" must be strings", _FIX)
+            dims = p.get("Dimensions")
+            if isinstance(dims, list) and all(isinstance(d, int) for d in dims):
+                shapes[name] = dims
             out.append((name, precision_of(fmt)))
     return out
+
+
+_MYELIN_SUFFIX = re.compile(r"_myl\d+_\d+$")
+
+
+def _tokens(name: str, compiler_listing: bool) -> list[str]:
+    """The ONNX node names a kernel's name carries. TensorRT for RTX's kernels (read by qdqgraph, so
+    with a "Kind") append `_myl<k>_<i>` and join merged GEMMs with '+'."""
+    if not compiler_listing:
+        return split_name(name)
+    return [t for t in _MYELIN_SUFFIX.sub("", name).split("+") if t]
+
+
+def _strings(item: dict, key: str, at: str) -> list[str]:
+    v = item.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(t, str) for t in v):
+        raise QdqError(f"{at}: \"{key}\" must be a list of strings", _FIX)
+    return v
 
 
 def parse_engine_info(data, source: str = "") -> EngineReport:
@@ -143,8 +192,13 @@ def parse_engine_info(data, source: str = "") -> EngineReport:
             kind, origin = item.get("LayerType"), item.get("Origin")
             if not (kind is None or isinstance(kind, str)) or not (origin is None or isinstance(origin, str)):
                 raise QdqError(f"{at}: \"LayerType\" and \"Origin\" must be strings", _FIX)
-            out.append(EngineLayer(item["Name"], split_name(item["Name"]), kind, origin,
-                                   _ports(item.get("Inputs"), at), _ports(item.get("Outputs"), at)))
+            shapes: dict = {}
+            nodes = _strings(item, "Nodes", at)
+            qkind = item.get("Kind")
+            out.append(EngineLayer(item["Name"], _tokens(item["Name"], isinstance(qkind, str)), kind, origin,
+                                   _ports(item.get("Inputs"), at, shapes), _ports(item.get("Outputs"), at, shapes),
+                                   nodes=nodes, kind=qkind if isinstance(qkind, str) else None,
+                                   fused=_strings(item, "Fused", at), shapes=shapes))
         else:
             raise QdqError(f"{where}: layer {k} is neither a name nor an object with a string \"Name\"", _FIX)
     return EngineReport(out, source)

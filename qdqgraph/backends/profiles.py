@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .data import CalibrationData, InputSpec
-from .errors import QdqError
+from ..data import CalibrationData, InputSpec
+from ..errors import QdqError
 
 Shape = tuple[int, ...]
 
