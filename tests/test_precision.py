@@ -88,6 +88,20 @@ def test_overflowing_reduction_stays_fp32_and_relu_becomes_fp16():
     assert any(n.op_type == "Cast" and n.input[0] == "rsum_out" for n in r.model.graph.node)
 
 
+def test_written_out_layernorm_keeps_its_reductions_fp32_and_its_scale_shift_fp16():
+    """H7 positive (mean, centre, square, variance, root and divide FP32) and negative (the gamma Mul
+    and beta Add after it, and the GEMMs around it, stay FP16)."""
+    m = motifs.layernorm_decomposed()
+    r = qdqgraph.quantize(m, motifs.sample_data(m))
+    kept = {k["node"]: k["rule"] for k in r.report.precision["kept_fp32"]}
+    written_out = ["ln_mean", "ln_sub", "ln_pow", "ln_var", "ln_add_eps", "ln_sqrt", "ln_div"]
+    assert all(kept.get(n) == "H7-layernorm-written-out" for n in written_out), kept
+    assert "ln_mul" not in kept and "ln_add" not in kept
+    types = _types(r.model)
+    outs = {n.name: n.output[0] for n in r.model.graph.node}
+    assert types[outs["ln_pow"]] == TensorProto.FLOAT and types[outs["ln_mul"]] == F16
+
+
 def test_large_activation_keeps_its_op_fp32():
     """H5: an op whose output reaches RANGE_LIMIT on the calibration data stays FP32; scaled down
     below the limit, the same op goes FP16."""

@@ -56,6 +56,7 @@ class KeepRule:
     classes: tuple[str, ...]
     why: str
     between_qdq: bool = False      # only where all inputs come from DQs and the output feeds only Qs
+    path: tuple[str, ...] = ()     # or: the nodes on a chain of ops (view.path_nodes' steps)
 
 
 @lru_cache(maxsize=1)
@@ -65,11 +66,12 @@ def keep_rules() -> tuple[KeepRule, ...]:
     vocab = vocabulary()
     out = []
     for r in data.get("keep", []):
-        unknown = [c for c in r["classes"] if not vocab.known(c)]
+        unknown = [c for c in r.get("classes", ()) if not vocab.known(c)]
         if unknown:
             raise QdqError(f"{path}: rule {r['id']} names unknown op classes {unknown}",
                            "use classes of rules/op_classes.toml")
-        out.append(KeepRule(r["id"], tuple(r["classes"]), r["why"], bool(r.get("between_qdq", False))))
+        out.append(KeepRule(r["id"], tuple(r.get("classes", ())), r["why"], bool(r.get("between_qdq", False)),
+                            tuple(r.get("path", ()))))
     return tuple(out)
 
 
@@ -114,6 +116,8 @@ class _Retyper:
         # each DQ's float32 scale as it was, for the DQ copies that feed float32 ops
         self.dq_scale = {n.name: n.inputs[1] for n in graph.nodes
                          if self.vocab.is_(n, "dequantize") and len(n.inputs) > 1}
+        self.on_path = {n.name: rule.id for rule in keep_rules() if rule.path
+                        for n in self.view.path_nodes(rule.path)}
         self.keep = {n.name: why for n in graph.nodes if (why := self._keep_reason(n))}
         self._keep_qdq_beside_fp32()
         self.result.kept = sorted(self.keep.items())
@@ -134,6 +138,8 @@ class _Retyper:
             if boundary in self.graph.inputs or boundary in self.graph.outputs:
                 return "Q/DQ at a model input or output"
             return None
+        if node.name in self.on_path:
+            return self.on_path[node.name]
         for rule in keep_rules():
             if any(self.vocab.is_(node, c) for c in rule.classes):
                 if not rule.between_qdq or self._between_qdq(node):
