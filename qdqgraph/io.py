@@ -46,6 +46,7 @@ class Loaded:
     metadata_props: dict[str, str] = field(default_factory=dict)
     opset_raised_from: int | None = None
     fixed_inputs: tuple[str, ...] = ()     # inputs made constants (qdqgraph.passes.fix_inputs)
+    repairs: list[str] = field(default_factory=list)   # what loading repaired in an old or merged export
 
 
 def opset_of(model: onnx.ModelProto) -> int:
@@ -235,7 +236,13 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True,
          why: str = "per-channel Q/DQ") -> Loaded:
     """Load a model (path or ModelProto) into a graphsurgeon graph, opset raised to `min_opset`
     (13; 19 for FP8, 21 for INT4 weights: `why` says which), shapes inferred. `check=False` skips
-    the ONNX checker on a ModelProto qdqgraph made itself."""
+    the ONNX checker on a ModelProto qdqgraph made itself.
+
+    What real exports get wrong is repaired on the way in, and each repair is a line in
+    `Loaded.repairs`: repeated opset_import entries of one domain become one (before the opset is
+    raised), placeholder and repeated dim names on the graph's inputs and outputs become unique, and
+    nodes without a name, or with a repeated one, are named (placement addresses nodes by name).
+    Initializers an old exporter also lists as graph inputs stay constants (weights)."""
     if isinstance(path_or_model, onnx.ModelProto):
         model, path = path_or_model, None
         if check:
@@ -243,19 +250,145 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True,
     else:
         path = Path(path_or_model)
         model = read_model(path)
+    repairs: list[str] = []
+    if _needs_repair(model):
+        if path is None:            # the caller's model stays as it was
+            model = _copy(model)
+        repairs += merge_opset_imports(model)
+        repairs += unique_dim_names(model)
     model, raised = raise_opset(model, max(min_opset, MIN_OPSET), why)
-    model = infer_shapes(model, inplace=path is not None or raised is not None)
+    model = infer_shapes(model, inplace=path is not None or raised is not None or bool(repairs))
     try:
         graph = gs.import_onnx(model)
     except Exception as e:
         raise QdqError(f"the model could not be read as a graph ({str(e).splitlines()[0]})",
                        "check it with onnx.checker.check_model") from e
     _materialize(graph)
+    named = name_nodes(graph)
+    if named:
+        repairs.append(f"{named} nodes without a name or with a repeated one were named (placement addresses "
+                       f"nodes by name)")
     return Loaded(graph=graph, path=path, ir_version=model.ir_version,
                   producer_name=model.producer_name, producer_version=model.producer_version,
                   doc_string=model.doc_string,
                   metadata_props={p.key: p.value for p in model.metadata_props},
-                  opset_raised_from=raised)
+                  opset_raised_from=raised, repairs=repairs)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _domain(d: str) -> str:
+    return "" if d == "ai.onnx" else d
+
+
+def _needs_repair(model: onnx.ModelProto) -> bool:
+    domains = [_domain(o.domain) for o in model.opset_import]
+    return len(set(domains)) != len(domains) or bool(_dims_to_rename(model))
+
+
+def merge_opset_imports(model: onnx.ModelProto) -> list[str]:
+    """One opset_import entry per domain, at the highest version the model lists for it (in place;
+    onnx.compose.merge_models writes one per merged graph, and raising the opset then updates only
+    one of them, which onnxruntime refuses). Returns a line per merged domain."""
+    versions: dict[str, list[int]] = {}
+    for o in model.opset_import:
+        versions.setdefault(_domain(o.domain), []).append(o.version)
+    repeated = {d: v for d, v in versions.items() if len(v) > 1}
+    if not repeated:
+        return []
+    first_spelling: dict[str, str] = {}
+    for o in model.opset_import:
+        first_spelling.setdefault(_domain(o.domain), o.domain)
+    del model.opset_import[:]
+    for d, v in versions.items():
+        model.opset_import.append(onnx.helper.make_opsetid(first_spelling[d], max(v)))
+    out = []
+    for d, v in repeated.items():
+        name = f"domain '{d}'" if d else "the default domain"
+        mixed = "" if len(set(v)) == 1 else f"; its nodes are read at opset {max(v)}"
+        out.append(f"{len(v)} opset_import entries for {name} ({', '.join(map(str, v))}) merged into one at "
+                   f"{max(v)}{mixed}")
+    return out
+
+
+PLACEHOLDER_DIMS = ("?", "")     # dim names that mean "unknown", not a symbol shared with other dims
+
+
+def _dims_to_rename(model: onnx.ModelProto) -> list[tuple[onnx.ValueInfoProto, int]]:
+    """(value info, dim index) of every graph input or output dim whose name is a placeholder or
+    repeats an earlier dim of the same tensor (TensorRT reads equal names as one symbol: a Paddle
+    input [?, 3, ?, ?] would force H == W). Names shared across tensors (a `batch` on every input)
+    are symbols the exporter meant and stay."""
+    g = model.graph
+    weights = {t.name for t in g.initializer}
+    found = []
+    for vi in [*(i for i in g.input if i.name not in weights), *g.output]:
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        seen: set[str] = set()
+        for k, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.WhichOneof("value") != "dim_param":
+                continue
+            if d.dim_param in PLACEHOLDER_DIMS or d.dim_param in seen:
+                found.append((vi, k))
+            seen.add(d.dim_param)
+    return found
+
+
+def unique_dim_names(model: onnx.ModelProto) -> list[str]:
+    """Rename the dims `_dims_to_rename` finds to `<tensor>_dim<k>` (made unique against every dim
+    name the model uses), in place. A placeholder on a graph output is cleared instead, so that shape
+    inference gives it the input dim it follows (an output [?, 32, ?, ?] of the input above becomes
+    [x_dim0, 32, x_dim2, x_dim3]). Returns a line per tensor renamed."""
+    found = _dims_to_rename(model)
+    if not found:
+        return []
+    g = model.graph
+    taken = {d.dim_param for vi in [*g.input, *g.output, *g.value_info]
+             if vi.type.HasField("tensor_type") for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    outputs = {id(vi) for vi in g.output}
+    renamed: dict[str, list[str]] = {}
+    for vi, k in found:
+        d = vi.type.tensor_type.shape.dim[k]
+        if id(vi) in outputs and d.dim_param in PLACEHOLDER_DIMS:
+            d.Clear()
+            continue
+        new, j = f"{vi.name}_dim{k}", 1
+        while new in taken:
+            new, j = f"{vi.name}_dim{k}_{j}", j + 1
+        taken.add(new)
+        renamed.setdefault(vi.name, []).append(f"{d.dim_param or '(empty)'} -> {new}")
+        d.dim_param = new
+    return [f"dims of '{name}' renamed ({', '.join(r)}): TensorRT reads equal dim names as one size"
+            for name, r in renamed.items()]
+
+
+def name_nodes(graph: gs.Graph) -> int:
+    """Give every node of `graph` and of its If/Loop bodies a unique, non-empty name, in place:
+    `<op>_<k>` (k its place in the walk) for a node without one, `<name>_<k>` for a repeat of an
+    earlier node's name; neither collides with a name the model holds. Deterministic: the same model
+    gets the same names. Returns how many nodes were named."""
+    nodes = [n for g in (graph, *graph.subgraphs(recursive=True)) for n in g.nodes]
+    taken = {n.name for n in nodes if n.name}
+    seen: set[str] = set()
+    named = 0
+    for k, n in enumerate(nodes):
+        if n.name and n.name not in seen:
+            seen.add(n.name)
+            continue
+        base = f"{n.name}_{k}" if n.name else f"{n.op}_{k}"
+        name, j = base, 1
+        while name in taken:
+            name, j = f"{base}_{j}", j + 1
+        n.name = name
+        taken.add(name)
+        seen.add(name)
+        named += 1
+    return named
 
 
 def _materialize(graph: gs.Graph) -> None:

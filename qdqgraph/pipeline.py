@@ -129,6 +129,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
         loaded, fixed = load_model(model, cfg)
         report.add(fixed)
         report.opset_raised_from = loaded.opset_raised_from
+        report.repairs = list(loaded.repairs)
         data = read_data(loaded, calib, cfg) if calib is not None else None
         if isinstance(calib, str) and calib == "random":
             report.warnings.append("calibrated on random data: the scales say nothing about accuracy")

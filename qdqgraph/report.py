@@ -46,6 +46,7 @@ class InsertReport(RunLog):
     samples: int = 0
     calibration_seconds: float = 0.0
     opset_raised_from: int | None = None
+    repairs: list[str] = field(default_factory=list)          # what loading repaired (io.Loaded.repairs)
     passes: list[PassResult] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)    # seconds per stage, in run order
     activation_sites: int = 0
@@ -161,6 +162,8 @@ class InsertReport(RunLog):
         lines = []
         precision = (self.config or {}).get("precision", DEFAULT_PRECISION)
         q = label(precision)
+        for r in self.repairs:
+            lines.append(f"repaired: {r}")
         if self.opset_raised_from:
             to, why = OPSETS[precision]
             lines.append(f"opset raised from {self.opset_raised_from} to {to} ({why} needs it)")

@@ -96,9 +96,7 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
         for lib in cfg.custom_op_libraries:
             register_custom_ops(lib)
         report.config = cfg.to_dict()
-        if facts.named:
-            report.warnings.append(f"{facts.named} nodes had no name or a repeated one and were named (placement "
-                                   f"addresses nodes by name)")
+        report.warnings += loaded.repairs
         if loaded.opset_raised_from is not None:
             report.warnings.append(f"the model's opset {loaded.opset_raised_from} was raised to {io.MIN_OPSET} "
                                    f"(per-channel Q/DQ need it)")

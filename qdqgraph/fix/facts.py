@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from .. import io
 from ..errors import QdqError
 from ..formats import FP8, INT8, Format
 from ..ops import CLIP, DEQUANTIZE
@@ -100,24 +101,6 @@ class Facts:
                 "precision": self.precision, "nodes_named": self.named}
 
 
-def _name_nodes(graph: gs.Graph) -> int:
-    """Give every node a unique name (placement and insertion address nodes by name)."""
-    seen: set[str] = set()
-    named = 0
-    taken = {n.name for n in graph.nodes if n.name}
-    for k, n in enumerate(graph.nodes):
-        if not n.name or n.name in seen:
-            base = f"{n.op}_{k}"
-            name, j = base, 1
-            while name in taken:
-                name, j = f"{base}_{j}", j + 1
-            n.name = name
-            taken.add(name)
-            named += 1
-        seen.add(n.name)
-    return named
-
-
 def _constant(view: GraphView, node, index: int, what: str):
     if len(node.inputs) <= index or not node.inputs[index].name:
         return None
@@ -180,7 +163,7 @@ def read(graph: gs.Graph) -> Facts:
     if not any(view.vocab.is_(n, "dequantize") or view.vocab.is_(n, "quantize") for n in view.nodes):
         raise QdqError("the model holds no QuantizeLinear or DequantizeLinear: there is nothing to fix",
                        "quantize a float model with `qdqgraph insert MODEL --calib DATA`")
-    facts = Facts(named=_name_nodes(graph))
+    facts = Facts(named=io.name_nodes(graph))
     view = GraphView(graph)
     for q in (n for n in view.nodes if view.vocab.is_(n, "quantize")):
         readers = view.consumers(q.outputs[0])

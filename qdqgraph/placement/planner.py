@@ -139,10 +139,23 @@ def _merge_groups(plan: Plan, links: list[tuple[str, str]] = ()) -> None:
             s.group = find(s.tensor)
 
 
+def _require_names(nodes) -> None:
+    """The plan keys decisions and edges on node names: an empty or repeated one would merge nodes."""
+    seen: set[str] = set()
+    for n in nodes:
+        if not n.name or n.name in seen:
+            what = f"a {n.op} node has no name" if not n.name else f"two nodes are named '{n.name}'"
+            raise QdqError(f"{what}; placement addresses nodes by their names",
+                           "load the model with qdqgraph.load (it names them), or call "
+                           "qdqgraph.io.name_nodes(graph) first")
+        seen.add(n.name)
+
+
 def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: Selection = Selection()) -> Plan:
     """Decide every Q/DQ site of a cleaned float graph. Pure: the graph is not changed."""
     ruleset = ruleset or load_ruleset()
     view = GraphView(graph)
+    _require_names(view.nodes)
     plan = Plan()
     ctx = Context(view, plan)
     excluded = _exclusions(view, ruleset, ctx)
