@@ -1,9 +1,12 @@
 """Why a plan quantizes little or nothing, in a line or two, with what to do about it.
 
-When the plan quantizes nothing, or less than LITTLE_INT8 of the weighted FLOPs, the summary says
-why: the most common skip reasons, and, where weighted ops sit inside If branches whose condition
-comes from a model input that is constant over the calibration data, the `--fix-input` that would
-decide those Ifs and quantize the branch they take.
+When the plan quantizes nothing, or less than LITTLE_INT8 of the weighted FLOPs, the run says why.
+On a model with convolutions or GEMMs that is a warning (`warning`): the TensorRT engine would run
+them in float, and a user who reads only the exit code would not know; it names the causes found
+in the plan's decisions (the skip rules that took the most of them, the ones inside If/Loop
+bodies). The notes (`explain`) add, where weighted ops sit inside If branches whose condition comes
+from a model input that is constant over the calibration data, the `--fix-input` that would decide
+those Ifs and quantize the branch they take.
 """
 from __future__ import annotations
 
@@ -16,23 +19,88 @@ from .placement.plan import Plan
 from .view import GraphView
 
 LITTLE_INT8 = 0.10
+MAX_CAUSES = 3
 
 
-def explain(graph: gs.Graph, plan: Plan, data, summary: dict | None) -> list[str]:
-    """Notes for the report (empty when enough is quantized)."""
+def _little(plan: Plan, summary: dict | None) -> str | None:
+    """'nothing', 'only x% of the weighted FLOPs', or None when enough is quantized."""
     share = (summary or {}).get("int8_flops_share")
     quantized = any(d.quantized for d in plan.decisions.values())
     if quantized and (share is None or share >= LITTLE_INT8):
-        return []
-    what = "nothing" if not quantized else f"only {100 * share:.1f}% of the weighted FLOPs"
-    notes = []
-    reasons = Counter((d.rule, d.reason) for d in plan.decisions.values() if not d.quantized)
-    if reasons:
-        (rule, reason), n = reasons.most_common(1)[0]
-        notes.append(f"the plan quantizes {what}; most skips ({n}) are {rule}: {reason}")
+        return None
+    return "nothing" if not quantized else f"only {100 * share:.1f}% of the weighted FLOPs"
+
+
+def weighted_ops(graph: gs.Graph) -> tuple[Counter, Counter]:
+    """The weighted ops (Conv, Gemm, MatMul, ...) by op type: (in the graph, inside If/Loop bodies)."""
+    view = GraphView(graph)
+    top = Counter(n.op for n in view.nodes if view.vocab.is_(n, "weighted"))
+    inside = Counter(n.op for sub in graph.subgraphs(recursive=True) for n in sub.nodes
+                     if view.vocab.is_(n, "weighted"))
+    return top, inside
+
+
+def causes(graph: gs.Graph, plan: Plan) -> list[str]:
+    """Why the weighted ops stay float, most nodes first: the skip decisions that took them, by rule
+    and reason, and those inside If/Loop bodies."""
+    view = GraphView(graph)
+    top, inside = weighted_ops(graph)
+    by_node = {n.name: n for n in view.nodes}
+    skipped: dict[tuple, Counter] = {}
+    for d in plan.decisions.values():
+        node = by_node.get(d.node)
+        if d.quantized or node is None or not view.vocab.is_(node, "weighted"):
+            continue
+        skipped.setdefault((d.rule, d.reason), Counter())[d.op] += 1
+    found: list[tuple[int, str]] = []
+    for (rule, reason), ops in skipped.items():
+        what = ", ".join(f"{'every' if n == top[op] else f'{n} of {top[op]}'} {op}" for op, n in sorted(ops.items()))
+        why = f"excluded by {reason}" if rule == "user-exclude" else f"skipped by {rule}: {reason}"
+        found.append((sum(ops.values()), f"{what} {why}"))
+    if inside:
+        what = ", ".join(f"{n} {op}" for op, n in sorted(inside.items()))
+        found.append((sum(inside.values()), f"compute inside If/Loop branches ({what}), which stay float"))
+    decided = {d.node for d in plan.decisions.values()}
+    undecided = Counter(n.op for n in view.nodes if view.vocab.is_(n, "weighted") and n.name not in decided)
+    if undecided:
+        what = ", ".join(f"{n} {op}" for op, n in sorted(undecided.items()))
+        found.append((sum(undecided.values()), f"{what} that no placement rule matches (no constant weight)"))
+    found.sort(key=lambda x: -x[0])
+    return [text for _, text in found[:MAX_CAUSES]]
+
+
+def warning(graph: gs.Graph, plan: Plan, summary: dict | None, quantized: str = "INT8") -> str | None:
+    """The warning for a plan that leaves a model's convolutions and GEMMs float (None otherwise)."""
+    what = _little(plan, summary)
+    top, inside = weighted_ops(graph)
+    if what is None or not (top or inside):
+        return None
+    share = (summary or {}).get("int8_flops_share")
+    if what == "nothing":
+        head = "the plan quantizes nothing" + (f" ({quantized} FLOPs {100 * share:.1f}%)" if share is not None else "")
     else:
-        notes.append(f"the plan quantizes {what}: no op here is one qdqgraph quantizes (Conv, Gemm, MatMul with "
-                     f"a weight, ...) outside If/Loop bodies, which stay float")
+        head = f"TensorRT would run only {100 * share:.1f}% of the weighted FLOPs in {quantized}"
+    ops = ", ".join(f"{n} {op}" for op, n in sorted((top + inside).items()))
+    why = "; ".join(causes(graph, plan)) or "no placement rule matched them"
+    return f"{head} on a model with {ops}: {why}. The engine runs them in float; --require-int8 PCT makes this an error"
+
+
+def explain(graph: gs.Graph, plan: Plan, data, summary: dict | None) -> list[str]:
+    """Notes for the report (empty when enough is quantized). A model with convolutions or GEMMs
+    gets the `warning` instead of the first note."""
+    what = _little(plan, summary)
+    if what is None:
+        return []
+    notes = []
+    top, inside = weighted_ops(graph)
+    reasons = Counter((d.rule, d.reason) for d in plan.decisions.values() if not d.quantized)
+    if not (top or inside):
+        if reasons:
+            (rule, reason), n = reasons.most_common(1)[0]
+            notes.append(f"the plan quantizes {what}; most skips ({n}) are {rule}: {reason}")
+        else:
+            notes.append(f"the plan quantizes {what}: no op here is one qdqgraph quantizes (Conv, Gemm, MatMul "
+                         f"with a weight, ...)")
     notes += _fixable_ifs(graph, data)
     return notes
 

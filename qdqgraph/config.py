@@ -126,6 +126,8 @@ class QuantizeConfig:
     accuracy_budget: float | None = None       # minimum output SQNR (dB) against float
     max_float_layers: int | None = None
     sensitivity_samples: int = DEFAULT_SENSITIVITY_SAMPLES
+    require_int8: float | None = None          # minimum % of the weighted FLOPs TensorRT runs quantized
+                                               # (INT8, or FP8 with precision fp8); below it, an error
 
     def __post_init__(self):
         for name in ("rules", "exclude_ops", "exclude_nodes", "include_nodes", "custom_op_libraries"):
@@ -182,6 +184,12 @@ class QuantizeConfig:
         if self.smooth_quant is not None:
             _number("--smooth-quant", self.smooth_quant, 0.0, 1.0,
                     fix=f"pass an alpha in [0, 1] (default {DEFAULT_SMOOTH_ALPHA})")
+        if self.require_int8 is not None:
+            _number("--require-int8", self.require_int8, 0.0, 100.0,
+                    fix="pass a percentage of the weighted FLOPs in [0, 100], e.g. --require-int8 50")
+            if self.precision == "int4":
+                raise QdqError("--require-int8 checks the share of FLOPs run on quantized activations; "
+                               "--precision int4 quantizes weights only", "drop --require-int8, or use --precision int8 or fp8")
         if self.accuracy_budget is not None:
             _number("--accuracy-budget", self.accuracy_budget, fix="pass an output SQNR in dB, e.g. --accuracy-budget 30")
         for p in self.exclude_nodes:

@@ -24,6 +24,7 @@ from .calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from
 from .data import CalibrationData
 from .errors import InvariantError, QdqError
+from .formats import label
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
 from .passes.insert import insert_qdq
@@ -202,7 +203,29 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     with report.stage("simulate"):
         _predict(final, report)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
+    little = advice.warning(loaded.graph, plan, report.tensorrt, label(cfg.precision))
+    if little:
+        report.warnings.append(little)
+    _require_share(cfg, loaded, plan, report)
     return Result(model_out, plan, report, cfg)
+
+
+def _require_share(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, report: InsertReport) -> None:
+    """--require-int8: a QdqError (nothing is written) when the predicted quantized share of the
+    weighted FLOPs is below it, naming the first cause."""
+    if cfg.require_int8 is None:
+        return
+    q = label(cfg.precision)
+    share = (report.tensorrt or {}).get("int8_flops_share")
+    if share is None:
+        raise QdqError(f"--require-int8 {cfg.require_int8:g}: the {q} FLOPs share is unknown (the TensorRT "
+                       f"simulation failed)", "drop --require-int8, and please report the simulation failure")
+    if 100 * share < cfg.require_int8:
+        why = advice.causes(loaded.graph, plan)
+        raise QdqError(f"{q} FLOPs {100 * share:.1f}% is below --require-int8 {cfg.require_int8:g}"
+                       + (f" ({why[0]})" if why else ""),
+                       "change what keeps the convolutions and GEMMs float (see the plan with --report), or "
+                       "lower --require-int8")
 
 
 def _require_int4_data(cfg: QuantizeConfig, calib) -> None:

@@ -260,3 +260,107 @@ def test_a_model_without_repairs_is_loaded_unchanged():
     loaded = io.load(m)
     assert loaded.repairs == [] and m.SerializeToString() == before
     assert list(loaded.graph.inputs[0].shape) == ["n", 3, "h", "w"]
+
+
+# ---------------------------------------------------------------------- a plan that quantizes little
+
+def _files(folder):
+    return {p.name for p in folder.iterdir()}
+
+
+@pytest.fixture
+def t12_files(tmp_path):
+    mp, dp = tmp_path / "t12.onnx", tmp_path / "t12.npz"
+    onnx.save(torch12_cnn(), mp)
+    np.savez(dp, **_data("input.1", (1, 3, 32, 32)))
+    return mp, dp
+
+
+def test_a_float_plan_on_a_cnn_is_a_warning_naming_the_cause(t12_files, capsys):
+    mp, dp = t12_files
+    out = mp.parent / "q.onnx"
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), "--verify", "0", "--exclude-op", "Conv"]) == 0
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "weighted FLOPs" in x)
+    assert line.startswith("qdqgraph: warning: TensorRT would run only 0.0% of the weighted FLOPs in INT8 on a "
+                           "model with 5 Conv, 1 Gemm: every Conv excluded by --exclude-op Conv; every Gemm "
+                           "skipped by P10-gemv")
+    assert "--require-int8 PCT makes this an error" in line
+    assert out.exists()
+
+
+def test_a_quantized_cnn_gets_no_such_warning(t12_files, capsys):
+    mp, dp = t12_files
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(mp.parent / "q.onnx"), "--verify", "0",
+                 "--require-int8", "90"]) == 0
+    assert "weighted FLOPs" not in capsys.readouterr().err
+
+
+def test_require_int8_exits_2_and_writes_nothing(t12_files, capsys):
+    mp, dp = t12_files
+    before = _files(mp.parent)
+    assert main(["insert", str(mp), "--calib", str(dp), "--verify", "0", "--exclude-op", "Conv",
+                 "--report", str(mp.parent / "r.json"), "--require-int8", "50"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["qdqgraph: error: INT8 FLOPs 0.0% is below --require-int8 50 (every Conv excluded by "
+                   "--exclude-op Conv); change what keeps the convolutions and GEMMs float (see the plan with "
+                   "--report), or lower --require-int8"]
+    assert _files(mp.parent) == before
+
+
+def _if_model() -> onnx.ModelProto:
+    """All the compute inside an If whose condition is an input (as VAD models are exported)."""
+    rng = np.random.default_rng(0)
+
+    def branch(name):
+        w = numpy_helper.from_array((rng.standard_normal((32, 16, 3, 3)) * 0.2).astype(np.float32), f"{name}.w")
+        return helper.make_graph([helper.make_node("Conv", ["x", w.name], [f"{name}_y"], pads=[1] * 4,
+                                                   name=f"{name}_conv")],
+                                 name, [], [helper.make_tensor_value_info(f"{name}_y", T.FLOAT, None)], [w])
+    nodes = [helper.make_node("If", ["flag"], ["y"], name="pick", then_branch=branch("then"),
+                              else_branch=branch("else"))]
+    g = helper.make_graph(nodes, "vad", [helper.make_tensor_value_info("x", T.FLOAT, [1, 16, 8, 8]),
+                                         helper.make_tensor_value_info("flag", T.BOOL, [])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, 32, 8, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_compute_inside_if_branches_is_named_as_the_cause():
+    data = _data("x", (1, 16, 8, 8)) | {"flag": np.ones(8, bool)}
+    r = qdqgraph.quantize(_if_model(), data)
+    warning = next(w for w in r.report.warnings if "weighted FLOPs" in w or "quantizes nothing" in w)
+    assert warning.startswith("the plan quantizes nothing (INT8 FLOPs 0.0%) on a model with 2 Conv: compute "
+                              "inside If/Loop branches (2 Conv), which stay float")
+    with pytest.raises(QdqError, match="below --require-int8 10 \\(compute inside If/Loop branches"):
+        qdqgraph.quantize(_if_model(), data, require_int8=10)
+
+
+def test_a_model_without_convs_or_gemms_gets_a_note_not_a_warning():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    r = qdqgraph.quantize(m, _data("x", (1, 8)))
+    assert not [w for w in r.report.warnings if "quantizes nothing" in w]
+    assert r.report.notes and r.report.notes[0].startswith("the plan quantizes nothing")
+
+
+@pytest.mark.parametrize("value, message", [
+    (-1, "--require-int8 must be at least 0, got -1"),
+    (101, "--require-int8 must be at most 100, got 101"),
+    (float("nan"), "--require-int8 must be a finite number"),
+    ("50", "--require-int8 must be a finite number"),
+])
+def test_require_int8_range(value, message):
+    with pytest.raises(QdqError, match=message):
+        qdqgraph.QuantizeConfig(require_int8=value)
+
+
+def test_require_int8_refused_for_int4_weights(t12_files, capsys):
+    mp, _ = t12_files
+    assert main(["insert", str(mp), "--precision", "int4", "--int4-method", "rtn", "--require-int8", "10"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--precision int4 quantizes weights only" in err[0]
+    assert _files(mp.parent) == {"t12.onnx", "t12.npz"}

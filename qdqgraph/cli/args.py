@@ -65,7 +65,8 @@ def add_calibration(p, data_help: str = "calibration data: .npz (one array per i
     return g
 
 
-def add_placement(p):
+def add_placement(p, require_int8: bool = False):
+    """The placement group; `require_int8`: with --require-int8 (insert's, which predicts the engine)."""
     g = p.add_argument_group("placement")
     g.add_argument("--rules", action="append", default=[], metavar="FILE",
                    help="extra placement rules (TOML, like rules/placement.toml; repeatable)")
@@ -79,6 +80,12 @@ def add_placement(p):
                    help="make a model input a constant (a number, or a comma-separated list for a 1-D input), so the "
                         "If nodes it selects are decided and their taken branch quantized; the written model no "
                         "longer has that input (repeatable)")
+    if require_int8:
+        g.add_argument("--require-int8", type=float, metavar="PCT",
+                       help="exit 2 and write nothing when TensorRT would run less than PCT%% of the weighted "
+                            "FLOPs in INT8 (FP8 with --precision fp8), as the summary's prediction counts them; "
+                            "without it, a plan that quantizes little of a model with convolutions or GEMMs is "
+                            "a warning")
     return g
 
 
@@ -166,7 +173,7 @@ def config(args, **extra) -> QuantizeConfig:
                  exclude_ops=tuple(args.exclude_op), exclude_nodes=tuple(args.exclude_node),
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
     for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
-                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray"):
+                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
     if hasattr(args, "output_aware"):

@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   qdqgraph insert model.onnx --calib data.npz --exclude-op Softmax --include-node 'attn/.*'
   qdqgraph insert model.onnx --calib data.npz --precision fp8     # FP8 (E4M3) for Ada, Hopper, Blackwell
   qdqgraph insert model.onnx --calib data.npz --precision int4    # INT4 MatMul/Gemm weights, activations float
+  qdqgraph insert model.onnx --calib data.npz --require-int8 50   # exit 2 unless >= 50% of the FLOPs run INT8
 """
 
 
@@ -31,7 +32,7 @@ def add(sub) -> None:
     g.add_argument(
         "--calib-cache", metavar="FILE", help="ranges from a qdqgraph JSON or TensorRT calibration cache (with "
                                               "--calib, what it lacks is calibrated from the data)")
-    a.add_placement(p)
+    a.add_placement(p, require_int8=True)
     g = p.add_argument_group("precision")
     g.add_argument("--precision", default="int8", choices=list(a.PRECISIONS),
                    help="int8: INT8 activations and weights; fp8: FP8 E4M3 (Ada, Hopper and later); int4: INT4 "
