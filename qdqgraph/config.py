@@ -188,7 +188,7 @@ class QuantizeConfig:
             _number("--require-int8", self.require_int8, 0.0, 100.0,
                     fix="pass a percentage of the weighted FLOPs in [0, 100], e.g. --require-int8 50")
             if self.precision == "int4":
-                raise QdqError("--require-int8 checks the share of FLOPs run on quantized activations; "
+                raise QdqError("--require-int8 checks the share of FLOPs run on quantized activations, and "
                                "--precision int4 quantizes weights only", "drop --require-int8, or use --precision int8 or fp8")
         if self.accuracy_budget is not None:
             _number("--accuracy-budget", self.accuracy_budget, fix="pass an output SQNR in dB, e.g. --accuracy-budget 30")

@@ -615,3 +615,32 @@ def test_18_main_quiets_onnxruntimes_default_logger(model_and_data, capsys, monk
     monkeypatch.setattr(ort, "set_default_logger_severity", said.append)
     assert main(["insert", str(mp), "--calib", "random", "-o", str(mp.parent / "q.onnx"), "--quiet"]) == 0
     assert said == [3]
+
+
+# ------------------------------------------------------------------------- 19. --require-int8
+
+@pytest.mark.parametrize("value, words", [
+    ("-5", "--require-int8 must be at least 0, got -5"),
+    ("150", "--require-int8 must be at most 100, got 150"),
+    ("nan", "--require-int8 must be a finite number, got nan"),
+])
+def test_19_require_int8_out_of_range_refused_before_any_work(model_and_data, capsys, monkeypatch, value, words):
+    mp, dp = model_and_data
+    no_sessions(monkeypatch)
+    refused(capsys, ["insert", mp, "--calib", dp, "--require-int8", value], words, "e.g. --require-int8 50",
+            folder=mp.parent)
+
+
+def test_19_require_int8_with_int4_refused(model_and_data, capsys, monkeypatch):
+    mp, dp = model_and_data
+    no_sessions(monkeypatch)
+    refused(capsys, ["insert", mp, "--calib", dp, "--precision", "int4", "--require-int8", "10"],
+            "--precision int4 quantizes weights only", "drop --require-int8", folder=mp.parent)
+
+
+def test_19_plan_below_require_int8_writes_nothing(model_and_data, capsys):
+    mp, dp = model_and_data
+    refused(capsys, ["insert", mp, "--calib", dp, "--exclude-op", "Conv", "--report", mp.parent / "r.json",
+                     "--require-int8", "50"],
+            "INT8 FLOPs 0.0% is below --require-int8 50 (every Conv excluded by --exclude-op Conv)",
+            "or lower --require-int8", folder=mp.parent)
