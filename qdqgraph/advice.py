@@ -28,7 +28,7 @@ def _little(plan: Plan, summary: dict | None) -> str | None:
     quantized = any(d.quantized for d in plan.decisions.values())
     if quantized and (share is None or share >= LITTLE_INT8):
         return None
-    return "nothing" if not quantized else f"only {100 * share:.1f}% of the weighted FLOPs"
+    return "nothing" if not quantized else f"only {100 * (share or 0.0):.1f}% of the weighted FLOPs"
 
 
 def weighted_ops(graph: gs.Graph) -> tuple[Counter, Counter]:
@@ -79,7 +79,7 @@ def warning(graph: gs.Graph, plan: Plan, summary: dict | None, quantized: str = 
     if what == "nothing":
         head = "the plan quantizes nothing" + (f" ({quantized} FLOPs {100 * share:.1f}%)" if share is not None else "")
     else:
-        head = f"TensorRT would run only {100 * share:.1f}% of the weighted FLOPs in {quantized}"
+        head = f"TensorRT would run only {100 * (share or 0.0):.1f}% of the weighted FLOPs in {quantized}"
     ops = ", ".join(f"{n} {op}" for op, n in sorted((top + inside).items()))
     why = "; ".join(causes(graph, plan)) or "no placement rule matched them"
     return f"{head} on a model with {ops}: {why}. The engine runs them in float; --require-int8 PCT makes this an error"

@@ -670,3 +670,12 @@ def read_json(path, what: str, fix: str):
         raise QdqError(f"{p} is not {what} (not valid JSON: {e})", fix) from None
     except (OSError, RecursionError) as e:
         raise QdqError(f"{p} cannot be read as {what} ({getattr(e, 'strerror', None) or e})", fix) from None
+
+
+def repaired_for_compiler(path: str | os.PathLike) -> tuple[bytes | None, list[str]]:
+    """The model file as a compiler should parse it: with placeholder or repeated input dim names
+    made unique (unique_dim_names), serialized without its external tensors (they stay where the
+    file points, beside it), or None when nothing needed repair. Returns the repair lines too."""
+    model = onnx.load(str(path), load_external_data=False)
+    lines = unique_dim_names(model)
+    return (model.SerializeToString() if lines else None), lines

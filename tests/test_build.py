@@ -181,6 +181,28 @@ def test_written_out_layernorm_builds_without_the_compilers_fp16_overflow_warnin
 
 
 @rtx
+def test_placeholder_dim_names_are_made_unique_for_the_compiler(tmp_path, capsys, monkeypatch):
+    """Paddle names both image dims "?": TensorRT reads equal names as one size, and a 48x192 profile
+    contradicts it. build hands the compiler a copy with unique names (the file is left alone)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["?", 3, "?", "?"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["?", 8, "?", "?"])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 3, 3, 3], np.ones(216, np.float32).tolist())
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+                          "g", [x], [y], [w])
+    path = tmp_path / "paddle.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    before = path.read_bytes()
+    argv = ["build", str(path), "-o", str(tmp_path / "p.engine"), "--shapes", "x:1x3x48x192", "--force"]
+    assert main(argv) == 0
+    assert "for the compiler: dims of 'x' renamed" in capsys.readouterr().out
+    assert path.read_bytes() == before
+    from qdqgraph import io
+    monkeypatch.setattr(io, "repaired_for_compiler", lambda p: (None, []))   # the file as it is
+    assert main(argv) == 2
+    assert "different constant values" in capsys.readouterr().err
+
+
+@rtx
 def test_parser_rejection_names_the_node_and_writes_nothing(tmp_path, capsys):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])

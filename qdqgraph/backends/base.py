@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import outputs
+from .. import io, outputs
 from ..errors import QdqError
 from ..trtsim.engine_report import EngineReport
 from .profiles import InputProfile
@@ -39,6 +39,7 @@ class BuildResult:
     targets: list[str] = field(default_factory=list)   # compute capabilities the plan was compiled for
     targets_note: str = ""
     warnings: list[str] = field(default_factory=list)  # the compiler's warnings, each once ("(x9)")
+    repaired: list[str] = field(default_factory=list)  # what the compiler was given differently from the file
 
     @property
     def layer_info(self) -> bool:
@@ -51,6 +52,7 @@ class Log:
 
     def __init__(self, trt, verbose: bool):
         self.lines: list[tuple[int, str]] = []
+        self.notes: list[str] = []            # what qdqgraph repaired before the compiler read the model
         outer = self
 
         class Logger(trt.ILogger):
@@ -122,7 +124,10 @@ def compile_onnx(trt, model: str | os.PathLike, options: BuildOptions, log: Log,
     builder = make_builder(trt, log.logger, gpu_needed)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, log.logger)
-    if not parser.parse_from_file(str(model)):
+    repaired, notes = io.repaired_for_compiler(model)
+    log.notes.extend(notes)
+    parsed = parser.parse(repaired, str(model)) if repaired is not None else parser.parse_from_file(str(model))
+    if not parsed:
         errors = parser_errors(parser) or log.errors or ["no detail given"]
         raise QdqError(f"TensorRT's ONNX parser rejected {Path(model).name}: " + "; ".join(errors[:3]),
                        "qdqgraph report MODEL lints the placement; fix or exclude the named nodes")

@@ -91,7 +91,7 @@ def build(model, plan: Path, options: base.BuildOptions) -> base.BuildResult:
     data, cache = base.compile_onnx(trt, model, options, log, flags=flags, configure=configure, gpu_needed=True)
     base.write_plan(plan, data, cache, options)
     out = base.BuildResult(plan, NAME, str(trt.__version__), strongly, seconds=time.perf_counter() - t0,
-                           warnings=log.warnings())
+                           warnings=log.warnings(), repaired=log.notes)
     engine = trt.Runtime(log.logger).deserialize_cuda_engine(data)
     if engine is None:
         out.engine_note = "layer information needs the GPU the engine was built for (the engine did not load)"

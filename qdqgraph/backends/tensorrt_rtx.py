@@ -56,7 +56,7 @@ def build(model, plan: Path, options: base.BuildOptions) -> base.BuildResult:
     base.write_plan(plan, data, cache, options)
     out = base.BuildResult(plan, NAME, str(trt.__version__), True, seconds=time.perf_counter() - t0,
                            targets=chosen or targets.default(), targets_note=note,
-                           warnings=log.warnings())
+                           warnings=log.warnings(), repaired=log.notes)
     lines = listing.listing_lines(log.messages)
     if lines:
         out.engine = listing.parse_listing(lines, str(plan))

@@ -88,6 +88,8 @@ def build_and_check(model_path: Path, plan: Path, args, loaded, data=None, backe
           f"{result.version}, {kind}, {result.seconds:.1f} s)")
     if result.targets:
         print(f"runs on {targets.describe(result.targets)}" + (f"; {result.targets_note}" if result.targets_note else ""))
+    for r in result.repaired:
+        print(f"for the compiler: {r}")
     for w in result.warnings:
         print(f"compiler warning: {w}")
     if result.engine is not None:
