@@ -37,15 +37,15 @@ def node_flops(g: SimGraph, node: SNode) -> float:
         if vocab.is_(node, "conv_transpose"):
             return 2.0 * math.prod(a) * math.prod(w[1:]) if a else 0.0
         return 2.0 * math.prod(out) * math.prod(w[1:]) if out else 0.0
-    two_d = w is not None and len(w) >= 2
+    w2 = w if w is not None and len(w) >= 2 else None     # a weight shape of two dimensions or more
     if vocab.is_(node, "gemm"):
         ta, tb = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
-        k = (w[1] if tb else w[0]) if two_d else (a[0] if ta else a[-1]) if a else None
-        n = (w[0] if tb else w[1]) if two_d else None
+        k = (w2[1] if tb else w2[0]) if w2 is not None else (a[0] if ta else a[-1]) if a else None
+        n = (w2[0] if tb else w2[1]) if w2 is not None else None
         m = (a[1] if ta else a[0]) if a else 1
     else:                                  # MatMul: [..., M, K] x [..., K, N]
-        k = w[-2] if two_d else a[-1] if a else None
-        n = w[-1] if two_d else None
+        k = w2[-2] if w2 is not None else a[-1] if a else None
+        n = w2[-1] if w2 is not None else None
         m = math.prod(a[:-1]) if a else 1
     outputs = math.prod(out) if out else m * n if n else None
     return 2.0 * outputs * k if outputs and k else 0.0

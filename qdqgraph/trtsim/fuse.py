@@ -8,6 +8,8 @@ ops. A node belongs to one layer; a DQ may be absorbed by several consumers (Ten
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..rulebook.match import Context
 from ..pointwise import region_from, region_source
 from .conditions import LayerBuild, attention_block, evaluate, op_matches
@@ -44,7 +46,7 @@ class Fuser:
     def ctx(self, layer=None, tensor=None) -> Context:
         return Context(self.g, layer=layer, tensor=tensor, candidates=self.candidates)
 
-    def first(self, action: str, node: SNode, layer=None, tensor=None, blame: list[str] = ()):
+    def first(self, action: str, node: SNode, layer=None, tensor=None, blame: Sequence[str] = ()):
         """The first rule of `action` that holds for `node`; misses are recorded on `blame` nodes
         and the last reason is kept in `self.last_why`."""
         self.last_why = ""
@@ -77,8 +79,8 @@ class Fuser:
 
     def weighted(self, node: SNode):
         g = self.g
-        dqs = [g.producer(t) for t in node.inputs[:2] if t and g.producer(t) is not None]
-        dqs = [d for d in dqs if d.role == DQ]
+        producers = [p for t in node.inputs[:2] if t and (p := g.producer(t)) is not None]
+        dqs = [d for d in producers if d.role == DQ]
         rule = self.first("weighted", node, blame=[o for d in dqs for o in d.origin])
         if rule is None:
             return
@@ -132,6 +134,7 @@ class Fuser:
                 layer.out = mul.outputs[0]
             if rule.when and "pointwise_region" in rule.when:
                 nodes, out, _ = region_from(g, t)
+                assert out is not None, "pointwise_region held, so the region has one output"
                 for n in nodes:
                     if n.name not in self.owner:
                         self.own(layer, n, rule.id)
@@ -211,8 +214,8 @@ class Fuser:
 
     def quantized_op(self, node: SNode):
         g = self.g
-        dqs = [g.producer(t) for t in g.data_inputs(node)]
-        dqs = [d for d in dqs if d is not None and d.role == DQ]
+        producers = [g.producer(t) for t in g.data_inputs(node)]
+        dqs = [d for d in producers if d is not None and d.role == DQ]
         qs = [c for o in node.outputs if o for c, _ in g.consumers(o) if c.role == Q]
         rule = self.first("quantized_op", node, blame=[o for d in dqs + qs for o in d.origin])
         if rule is None:
@@ -220,6 +223,7 @@ class Fuser:
         layer = LayerBuild(node, rule.id, kind_of(g, node))
         for t in g.data_inputs(node):
             d = g.producer(t)
+            assert d is not None, f"{t} has no producer though quantized_op held for {node.name}"
             self.absorb_dq(layer, d, node)
             layer.inputs.append(d.inputs[0])
         self.own(layer, node)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
+import numpy.typing as npt
 import onnx_graphsurgeon as gs
 
 from ..ops import Vocabulary, vocabulary
@@ -66,11 +67,17 @@ class SNode:
     moved_by: str | None = None        # the propagation rule that did it
     key: tuple = field(default=(), compare=False, repr=False)   # natural_key(name), set by SimGraph.add
 
+    @property
+    def params(self) -> QParams:
+        """`qp` of a Q, DQ or requantize node, which always has one."""
+        assert self.qp is not None, f"{self.name} ({self.role}) has no Q/DQ parameters"
+        return self.qp
+
 
 @dataclass
 class STensor:
     name: str
-    dtype: object = None               # numpy dtype or None
+    dtype: npt.DTypeLike | None = None  # numpy dtype (or an ONNX element type numpy lacks) or None
     shape: tuple | None = None
     value: np.ndarray | None = None    # constants
     weight_of: list[str] = field(default_factory=list)  # folded weight Q/DQ node names (INT8 weight)
@@ -91,8 +98,8 @@ class SimGraph:
         self.onnx_names: dict[str, str] = {}   # every ONNX node name of the source graph -> op type
         self._producer: dict[str, SNode] = {}
         self._consumers: dict[str, list[tuple[SNode, int]]] = {}
-        self._order = None
-        self._position = None
+        self._order: list[SNode] | None = None
+        self._position: dict[str, int] | None = None
         self._counter = 0
         self.journal: set[str] | None = None   # tensors touched by edits, while a driver records them
 
@@ -217,7 +224,8 @@ class SimGraph:
 
     def check_index(self) -> None:
         """Raise if the incremental index differs from one built from scratch (used by tests)."""
-        producer, consumers = {}, {}
+        producer: dict[str, str] = {}
+        consumers: dict[str, list[tuple[str, int]]] = {}
         for n in self.nodes.values():
             for o in n.outputs:
                 if o:
@@ -265,8 +273,8 @@ class SimGraph:
         return is_float_dtype(t.dtype)
 
     def float_constant_inputs(self, node: SNode) -> list[str]:
-        return [t for t in node.inputs if t and self.tensors.get(t) is not None
-                and self.tensors[t].value is not None and is_float_dtype(self.tensors[t].value.dtype)]
+        return [t for t in node.inputs if t and (s := self.tensors.get(t)) is not None
+                and s.value is not None and is_float_dtype(s.value.dtype)]
 
     def is_int8(self, tensor: str) -> bool:
         """Does the tensor hold INT8 data in the simulated engine?"""
@@ -303,9 +311,10 @@ class SimGraph:
         if self._order is not None:
             return self._order
         import heapq
-        indeg, succ = {}, {}
+        indeg: dict[str, int] = {}
+        succ: dict[str, list[str]] = {}
         for n in self.nodes.values():
-            preds = {self.producer(t).name for t in n.inputs if t and self.producer(t) is not None}
+            preds = {src.name for t in n.inputs if t and (src := self.producer(t)) is not None}
             preds.discard(n.name)
             indeg[n.name] = len(preds)
             for p in preds:
@@ -333,9 +342,9 @@ class SimGraph:
 
     def depth(self) -> dict[str, int]:
         """Longest path (in nodes) from the graph inputs to each node."""
-        d = {}
+        d: dict[str, int] = {}
         for n in self.order():
-            preds = [self.producer(t) for t in n.inputs if t and self.producer(t) is not None]
+            preds = [p for t in n.inputs if t and (p := self.producer(t)) is not None]
             d[n.name] = 1 + max((d[p.name] for p in preds), default=0)
         return d
 
@@ -344,7 +353,7 @@ class SimGraph:
     def prune(self) -> list[str]:
         """Remove nodes whose outputs nothing reads (TensorRT builds no layer for them), round by
         round (a node whose consumers all went is dead in the next round)."""
-        removed = []
+        removed: list[str] = []
 
         def dead(n: SNode) -> bool:
             return not any(o and (o in self._consumers or self.is_graph_output(o)) for o in n.outputs)
@@ -369,7 +378,7 @@ class SimGraph:
             name = f"{base}_{self._counter}"
         return name
 
-    def add_tensor(self, name: str, like: str | None = None, dtype=None) -> str:
+    def add_tensor(self, name: str, like: str | None = None, dtype: npt.DTypeLike | None = None) -> str:
         src = self.tensors.get(like) if like else None
         self.tensors[name] = STensor(name, dtype if dtype is not None else (src.dtype if src else None),
                                      src.shape if src else None)

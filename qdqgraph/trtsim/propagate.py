@@ -110,7 +110,7 @@ def try_merge(g: SimGraph, rules: SimRuleSet, trace: Trace, node: SNode) -> bool
                 trace.miss(node.origin, rule.id, why)
             continue
         group = [c for c, i in g.consumers(node.inputs[0])
-                 if i == 0 and c.role == node.role and c.qp.same(node.qp)]
+                 if i == 0 and c.role == node.role and c.params.same(node.params)]
         group.sort(key=lambda n: n.key)
         keep, rest = group[0], group[1:]
         for other in rest:
@@ -166,7 +166,7 @@ def _move_q_above(g: SimGraph, x: SNode, rule_id: str, trace: Trace) -> None:
     consumers = {c.name: c for o in x.outputs if o for c, _ in g.consumers(o)}
     qs = sorted((c for c in consumers.values() if c.role == Q), key=lambda n: n.key)
     keep = qs[0]
-    same = [q for q in qs if q.qp.same(keep.qp)]
+    same = [q for q in qs if q.params.same(keep.params)]
     others = {o: [(c, i) for c, i in g.consumers(o) if c not in same] for o in x.outputs if o}
     origin = []
     for q in same:
@@ -197,8 +197,8 @@ def try_dq_forward(g: SimGraph, rules: SimRuleSet, trace: Trace, x: SNode) -> bo
     """Move the DQs in front of op `x` below it; True if they moved."""
     if x.role != OP or x.int8:
         return False
-    dqs = [g.producer(t) for t in g.data_inputs(x)]
-    dqs = [d for d in dqs if d is not None and d.role == DQ]
+    producers = [g.producer(t) for t in g.data_inputs(x)]
+    dqs = [d for d in producers if d is not None and d.role == DQ]
     if not dqs:
         return False
     ctx = Context(g)
@@ -259,7 +259,7 @@ def propagate(g: SimGraph, rules: SimRuleSet, trace: Trace, bound: int | None = 
     queues: list[list] = [[] for _ in _TRIES]
     queued: list[set] = [set() for _ in _TRIES]
 
-    def push(nodes, at: float) -> None:
+    def push(nodes, at: int) -> None:
         for n in nodes:
             p = position.setdefault(n.name, at)
             for k in range(len(_TRIES)):
@@ -273,10 +273,11 @@ def propagate(g: SimGraph, rules: SimRuleSet, trace: Trace, bound: int | None = 
         if steps > bound:
             raise FixpointExceeded(f"Q/DQ propagation did not settle within {bound} rewrites "
                                    f"(last: {trace.events[-1].rule} {trace.events[-1].detail})")
-        push(_near(g, g.journal), position.get(node.name, 0))
-        g.journal.clear()
+        push(_near(g, journal), position.get(node.name, 0))
+        journal.clear()
 
-    g.journal = set()
+    journal: set[str] = set()
+    g.journal = journal
     try:
         push(g.order(), 0)
         while True:
@@ -292,11 +293,11 @@ def propagate(g: SimGraph, rules: SimRuleSet, trace: Trace, bound: int | None = 
                     step(k, fired)
                     break
             else:                       # every worklist is empty: confirm on the whole graph
-                fired = next(((k, n) for k, try_ in enumerate(_TRIES) for n in list(g.order())
+                found = next(((k, n) for k, try_ in enumerate(_TRIES) for n in list(g.order())
                               if n.name in g.nodes and try_(g, rules, trace, n)), None)
-                if fired is None:
+                if found is None:
                     return steps
-                step(*fired)
+                step(*found)
     finally:
         g.journal = None
 

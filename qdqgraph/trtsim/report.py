@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..rulebook.match import Context
 from .conditions import evaluate
+
+if TYPE_CHECKING:
+    from .ir import SimGraph
+    from .rules import SimRuleSet
 
 
 @dataclass
@@ -59,7 +64,7 @@ class SimReport:
     steps: int = 0                                            # propagation rewrites until the fixpoint
     misses: dict = field(default_factory=dict)                # node -> {rule id: why it did not apply}
     shapes: dict = field(default_factory=dict)                # tensor -> shape, for the ONNX export
-    final: object = field(default=None, repr=False)           # (SimGraph after propagation, rule set)
+    final: tuple[SimGraph, SimRuleSet] | None = field(default=None, repr=False)  # (SimGraph after propagation, rule set)
     quantized: str = "INT8"                                   # the Q/DQ's types: INT8, FP8, INT4, or "A+B"
     int4_weight_layers: int = 0                               # GEMM layers with INT4 weights (weight-only)
 
@@ -95,6 +100,7 @@ class SimReport:
         why = self.misses.get(node, {}).get(rule_id)
         if why is not None:
             return False, why
+        assert self.final is not None, "explain() needs the report of a simulation (SimReport.final)"
         g, rules = self.final
         rule = rules.by_id.get(rule_id)
         if rule is None:
@@ -128,9 +134,9 @@ class SimReport:
         lines = []
         for k, r in enumerate(rows):
             lines.append("  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5])
-            x = self.layers[k - 1] if k else None
-            if x is not None and x.reformat:
-                for rule, why in x.why:
+            above = self.layers[k - 1] if k else None
+            if above is not None and above.reformat:
+                for rule, why in above.why:
                     lines.append(" " * (widths[0] + 2) + f"- {rule}: {why}")
         s = self.summary
         q = self.quantized

@@ -46,7 +46,9 @@ def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | No
     no_ops = eliminate_no_ops(g, rules, trace)
     folded = fold_weights(g, rules, trace)
     steps = propagate(g, rules, trace, bound)
-    eliminated = no_ops + pair_up(g, rules, trace)
+    # (node names, rule), or for a buffer (node names, rule, its input tensors, its output tensors)
+    eliminated: list[tuple[list[str], str] | tuple[list[str], str, list[str], list[str]]] = [
+        *no_ops, *pair_up(g, rules, trace)]
     position = g.position()
     fuser = Fuser(g, rules, trace)
     builds = sorted(fuser.run(), key=lambda b: position[b.anchor.name])
