@@ -1,7 +1,9 @@
 """One output policy for every file qdqgraph writes (models, reports, JSON, caches, engines, examples).
 
 - never an input of the same run, never another output of the same run, never through a dangling
-  symbolic link, never a folder;
+  symbolic link, never a folder, never anything but a regular file: a device (`/dev/null`,
+  `/dev/full`), a FIFO or a socket is refused, with or without --force, since writing means
+  renaming a new file over the name and would replace the node itself;
 - never an existing file unless the caller forces it (the CLI's `--force`), and the check is the
   write itself: the finished temporary file is hard-linked to its name, which fails if the name
   appeared meanwhile, so two runs cannot both claim one file (where a file system has no hard
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -50,6 +53,30 @@ def _same(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path) -> str | None:
+    """What `path` is when it exists and is neither a regular file nor a folder (links followed):
+    "a character device", "a block device", "a FIFO", "a socket" or "a special file"; else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def _refuse_special(p: Path, what: str) -> None:
+    kind = special_kind(p)
+    if kind is not None:
+        raise QdqError(f"{what} {p} is {kind}, not a regular file",
+                       "name a regular file (qdqgraph writes a new file and renames it into place, which would "
+                       "replace the node)")
+
+
 def check_output(path, what: str, force: bool, inputs=()) -> Path:
     """Check one output path (see the module doc); returns it as a Path."""
     p = Path(path)
@@ -57,6 +84,7 @@ def check_output(path, what: str, force: bool, inputs=()) -> Path:
         raise QdqError(f"{what} {p} is a broken symbolic link", "remove the link or choose another path")
     if p.is_dir():
         raise QdqError(f"{what} {p} is a folder", "name a file inside it")
+    _refuse_special(p, what)
     for src in inputs:
         if src is not None and _same(p, Path(src)):
             raise QdqError(f"{what} {p} is also an input of this run ({src})", "choose another output path")
@@ -97,6 +125,7 @@ def write_atomic(path, write: Callable[[Path], None], force: bool = True, compan
     (final path, writer) of files that belong to it (a model's external data), written first.
     Returns the files written."""
     final = Path(path)
+    _refuse_special(final, "output")          # also for writers that skipped check_output
     folder = final.parent if str(final.parent) else Path(".")
     done: list[Path] = []
     for companion, companion_write in companions:
@@ -129,6 +158,7 @@ def write_atomic(path, write: Callable[[Path], None], force: bool = True, compan
 
 def _publish(tmp: Path, final: Path, force: bool) -> None:
     if force:
+        _refuse_special(final, "output")      # a node made while the file was being written
         os.replace(tmp, final)
         return
     try:
