@@ -67,6 +67,13 @@ class GraphView:
             return p.attrs["value"].values
         return None
 
+    def constant(self, tensor: gs.Tensor) -> np.ndarray:
+        """The value of a tensor the caller knows to be constant (a weight, a bias, a Q/DQ scale)."""
+        value = self.constant_value(tensor)
+        if value is None:
+            raise ValueError(f"tensor {tensor.name!r} is not a constant")
+        return value
+
     def is_constant(self, tensor: gs.Tensor) -> bool:
         return self.constant_value(tensor) is not None
 

@@ -76,9 +76,9 @@ def fold_batchnorm(graph: gs.Graph) -> PassResult:
             continue
         scale, shift = _bn_params(view, bn)
         w_t = op.inputs[1]
-        w = view.constant_value(w_t)
+        w = view.constant(w_t)           # _why_not checked that the weight and bias are constants
         b_t = op.inputs[2] if len(op.inputs) > 2 and op.inputs[2].name else None
-        b = view.constant_value(b_t).astype(np.float64) if b_t is not None else None
+        b = view.constant(b_t).astype(np.float64) if b_t is not None else None
         # float32 weights are scaled in float32 (at most one rounding more than float64, and a
         # fifth of the time on ResNet-50's 25 M weights); the small bias and other dtypes in float64
         wt = np.float32 if w.dtype == np.float32 else np.float64

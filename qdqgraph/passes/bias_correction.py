@@ -16,17 +16,17 @@ import onnx_graphsurgeon as gs
 
 from .. import io
 from ..data import CalibrationData
-from ..placement.plan import Plan
+from ..placement.plan import Plan, Site
 from ..runtime import float_activations
 from ..view import GraphView
 from .base import PassResult, result
 from .insert import quantize_weight, weight_scales
 
 
-def _targets(graph: gs.Graph, plan: Plan) -> list[tuple[gs.Node, object]]:
+def _targets(graph: gs.Graph, plan: Plan) -> list[tuple[gs.Node, Site]]:
     view = GraphView(graph)
     nodes = {n.name: n for n in graph.nodes}
-    out = []
+    out: list[tuple[gs.Node, Site]] = []
     for site in plan.weight_sites():
         for name, index in site.edges:
             node = nodes.get(name)

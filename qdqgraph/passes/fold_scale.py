@@ -54,7 +54,7 @@ def producer_path(view: GraphView, t: gs.Tensor, limit: int = MAX_PATH):
             nxt = p.inputs[1]                          # out[..., j] = A @ B[..., j]
         elif view.vocab.is_(p, "mul") and len(p.inputs) == 2:
             const = [i for i, x in enumerate(p.inputs) if view.constant_value(x) is not None]
-            if len(const) != 1 or view.constant_value(p.inputs[const[0]]).ndim > 1:
+            if len(const) != 1 or view.constant(p.inputs[const[0]]).ndim > 1:
                 return None
             return p, const[0], -1, biases
         elif view.vocab.is_(p, "layout"):
@@ -96,7 +96,7 @@ def _scalar(view: GraphView, node: gs.Node) -> tuple[gs.Tensor, float] | None:
 
 
 def _scaled(view: GraphView, owner: gs.Node, t: gs.Tensor, factor: float) -> None:
-    v = view.constant_value(t)
+    v = view.constant(t)
     owner.inputs[list(owner.inputs).index(t)] = gs.Constant(f"{t.name}_scaled",
                                                             (v.astype(np.float64) * factor).astype(v.dtype))
 

@@ -109,14 +109,13 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
             zp = np.zeros((), dtype=fmt.zero_point)
             axis, source = None, site.tensor
         else:
-            w = view.constant_value(t)
             axis = site.axis if given is None else given.axis
-            scale = weight_scales(w, axis, fmt) if given is None else np.asarray(given.scale)
+            scale = weight_scales(view.constant(t), axis, fmt) if given is None else np.asarray(given.scale)
             zp = np.zeros(scale.shape, dtype=fmt.zero_point)
             source = site.tensor
             if weights == "int8":
                 stored = given.stored if given is not None and given.stored is not None else \
-                    quantize_weight(w, scale, axis, fmt)
+                    quantize_weight(view.constant(t), scale, axis, fmt)
                 source = names(f"{base}_{fmt.name}")
         scale_name, zp_name = names(f"{base}_scale"), names(f"{base}_zero_point")
         q = None

@@ -156,7 +156,7 @@ def _found(graph: gs.Graph, exclude=frozenset()) -> list[tuple[Target, gs.Node]]
         axis = _k_axis(view, node)
         if axis is None:
             continue
-        shape = view.constant_value(node.inputs[1]).shape
+        shape = view.constant(node.inputs[1]).shape
         out.append((Target(node.name, node.inputs[1].name, shape[axis], shape[1 - axis], axis), node))
     return out
 
@@ -257,6 +257,7 @@ def search_alpha(x: np.ndarray, weights: list[np.ndarray], block_size: int,
         err = sum(output_error(x, w, _rtn_kn(w * s[:, None], block_size, dtype) / s[:, None]) for w in weights)
         if best is None or err < best[2]:
             best = (alpha, s, err)
+    assert best is not None, "ALPHAS is not empty"
     return best[0], best[1]
 
 
@@ -277,15 +278,18 @@ def search_clip(x: np.ndarray, w: np.ndarray, block_size: int, dtype=np.float32)
     """The ratio from CLIP_RATIOS of each block's amax, [K / block_size, N], that minimises the
     block's own output error ||X_b (w_b - Q(w_b))||^2 on rows `x` (w: [K, N])."""
     grams = _block_grams(x, block_size)
-    best, ratio = None, None
+    best: np.ndarray | None = None
+    ratio: np.ndarray | None = None
     for r in CLIP_RATIOS:
         q, scale = quantize_blocked(w, 0, block_size, clip=r, dtype=dtype)
         err = block_errors(w - dequantize_blocked(q, scale, 0, block_size), grams)
         if best is None:
             best, ratio = err, np.full(err.shape, r, dtype=np.float32)
         else:
+            assert ratio is not None     # set with best
             better = err < best
             best, ratio = np.where(better, err, best), np.where(better, np.float32(r), ratio)
+    assert ratio is not None, "CLIP_RATIOS is not empty"
     return ratio
 
 
@@ -319,7 +323,7 @@ def _choose_scalings(view: GraphView, readers: dict[str, list[tuple[Target, gs.N
         if not c.how:
             c.skip("no LayerNorm or linear producer that only these layers read, to fold 1/s into")
             continue
-        values = [view.constant_value(n.inputs[1]) for _, n in group]
+        values = [view.constant(n.inputs[1]) for _, n in group]
         ws = [_as_kn(v, t.axis) for v, (t, _) in zip(values, group)]
         c.alpha, s = search_alpha(x, ws, block_size, values[0].dtype)
         if c.alpha == 0:
@@ -336,7 +340,7 @@ def _scale_rows(view: GraphView, group: list[tuple[Target, gs.Node]], scale: np.
     for t, node in group:
         w = node.inputs[1]
         if w.name not in new:
-            v = view.constant_value(w)
+            v = view.constant(w)
             shaped = scale.reshape(-1, 1) if t.axis == 0 else scale.reshape(1, -1)
             new[w.name] = gs.Constant(f"{w.name}_awq", (v.astype(np.float64) * shaped).astype(v.dtype))
         old[node.name] = w
@@ -451,14 +455,16 @@ def quantize_int4_weights(loaded: io.Loaded, *, block_size: int = 128, method: s
     view = GraphView(graph)
     skipped, found = {}, []
     for t, node in _found(graph, exclude):
-        dtype = view.constant_value(node.inputs[1]).dtype
+        dtype = view.constant(node.inputs[1]).dtype
         if dtype in SCALE_DTYPES:
             found.append((t, node))
         else:
             skipped[t.node] = f"a {dtype} weight: DequantizeLinear writes float32 or float16 here"
     _check_divisible(found, block_size)
-    rows, scalings = {}, {}
+    rows: dict[str, np.ndarray] = {}
+    scalings: dict[str, Scaling] = {}
     if method == "awq" and found:
+        assert data is not None, "_check_request: awq needs data"
         readers = _by_input(found)
         rows, first = sample_rows(loaded, sorted(readers), data, samples)
         scalings = _choose_scalings(view, readers, rows, block_size)
@@ -484,7 +490,7 @@ def _int4_weight(graph: gs.Graph, view: GraphView, name: str, group: list[tuple[
     """Quantize the weight the nodes of `group` read, feed them from one DequantizeLinear named
     after `name`, and return its details."""
     t, node = group[0]
-    value = view.constant_value(node.inputs[1])
+    value = view.constant(node.inputs[1])
     c = scalings.get(node.inputs[0].name)       # a weight read from several inputs is never scaled
     x = _rows_of(group, rows, t.k) if method == "awq" else None
     q, scale, ratio, err, rtn = _quantize_weight(_as_kn(value, t.axis), x, c.scale if c else None,

@@ -65,7 +65,7 @@ class Choice:
 
 def _weight(view: GraphView, node: gs.Node) -> np.ndarray:
     """The node's weight as [K, M] (K: the input channels)."""
-    w = view.constant_value(node.inputs[1]).astype(np.float32)
+    w = view.constant(node.inputs[1]).astype(np.float32)
     return w if _k_axis(view, node) == 0 else w.T
 
 
@@ -149,6 +149,7 @@ def search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, .
             err = error(xs, wq, amax)
             if here is None or err < here[1]:
                 here = (amax, err)
+        assert here is not None, "CLIP_GRID is not empty"
         for amax in (here[0] / REFINE, here[0] * REFINE):
             if amax <= top:
                 err = error(xs, wq, amax)
@@ -215,7 +216,7 @@ def _foldable(view: GraphView, t: gs.Tensor, readers: set[str]) -> bool:
 def _scale_weights(view: GraphView, readers: list[gs.Node], scale: np.ndarray) -> None:
     """Multiply the readers' weight rows (input channels) by `scale`."""
     for n in readers:
-        w = view.constant_value(n.inputs[1])
+        w = view.constant(n.inputs[1])
         shaped = scale.reshape(-1, 1) if _k_axis(view, n) == 0 else scale.reshape(1, -1)
         n.inputs[1] = gs.Constant(f"{n.name or n.outputs[0].name}_weight_smoothed",
                                   (w.astype(np.float64) * shaped).astype(w.dtype))
@@ -225,7 +226,7 @@ def _divide(view: GraphView, node: gs.Node, index: int, scale: np.ndarray, axis:
     """Replace constant input `index` of `node` by itself divided by `scale` along `axis` (the last
     axis when the constant is a vector)."""
     old = node.inputs[index]
-    v = view.constant_value(old)
+    v = view.constant(old)
     shape = [1] * max(v.ndim, 1)
     shape[axis if v.ndim > 1 else -1] = -1
     node.inputs[index] = gs.Constant(f"{old.name}_{suffix}", (v.astype(np.float64) / scale.reshape(shape)).astype(v.dtype))
@@ -238,9 +239,9 @@ def _fold_producer(view: GraphView, t: gs.Tensor, scale: np.ndarray) -> list | N
     if found is None:
         return None
     linear, index, axis, biases = found
-    w = view.constant_value(linear.inputs[index])
+    w = view.constant(linear.inputs[index])
     k = scale.size
-    if w.ndim == 0 or w.shape[axis] != k or any(view.constant_value(b).shape[-1:] != (k,) for b in biases):
+    if w.ndim == 0 or w.shape[axis] != k or any(view.constant(b).shape[-1:] != (k,) for b in biases):
         return None                    # a broadcast constant would change shape when divided per channel
     _divide(view, linear, index, scale, axis, "smoothed")
     undo = [(linear, index, axis)]
@@ -294,6 +295,7 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict, data: Calibrati
     failed = _failed_folds(loaded, pending, first, data)
     for name, (c, undo) in pending.items():
         if name in failed:
+            assert c.scale is not None, "only smoothed tensors are pending"
             for node, k, axis in undo:
                 _divide(view, node, k, 1.0 / c.scale, axis, "unsmoothed")
             _scale_weights(view, [nodes[n] for n in c.nodes], 1.0 / c.scale)
@@ -321,7 +323,7 @@ def _failed_folds(loaded: io.Loaded, pending: dict, first: dict, data: Calibrati
         return {}
     names = sorted(pending)
     try:
-        now = next(iter(float_activations(loaded, names, data, 1, "output-aware fold check")), {})
+        now: dict[str, np.ndarray] = next(iter(float_activations(loaded, names, data, 1, "output-aware fold check")), {})
     except Exception:  # noqa: BLE001 - a fold that breaks the model is undone like one that changes it
         return dict(pending)
     failed = {}

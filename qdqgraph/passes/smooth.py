@@ -88,7 +88,11 @@ def smooth(graph: gs.Graph, found: dict[str, list[gs.Node]], ranges: dict[str, n
         ax = ranges.get(name)
         if ax is None:
             continue
-        weights = [(n, _k_axis(view, n), view.constant_value(n.inputs[1])) for n in nodes]
+        weights = []
+        for n in nodes:
+            k = _k_axis(view, n)
+            assert k is not None, f"{n.name} is not a smoothing target (see targets())"
+            weights.append((n, k, view.constant(n.inputs[1])))
         if any(w.shape[k] != ax.size for _, k, w in weights):
             continue
         aw = np.max([np.abs(w).max(axis=1 - k) for _, k, w in weights], axis=0)
