@@ -86,3 +86,88 @@ def test_20_dev_null_is_refused_by_the_check_alone():
     with pytest.raises(QdqError, match="/dev/null is a character device, not a regular file"):
         outputs.check_output("/dev/null", "--report", force=True)
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+# ------------------------------------------------ 21. strip of other tools' Q/DQ and QOperator models
+
+def _ort_uint8_relu_model():
+    """onnxruntime's uint8 QDQ form of conv -> relu -> conv: the Relu is gone, folded into the uint8
+    Q (zero point 0) after the first conv; weights INT8 constants -> DQ."""
+    import onnxruntime as ort
+    from qdqgraph import io
+    import motifs
+    from test_fix import folded_relu, place
+    with_relu = folded_relu(True)
+    data = motifs.sample_data(with_relu)
+    peak = ort.InferenceSession(io.with_outputs(with_relu, ["relu_out"]).SerializeToString()).run(
+        ["relu_out"], {"x": data["x"][0]})[0].max()
+    m = place(folded_relu(False), {("stem", 0): (0.03, 128), ("head", 0): (float(peak) / 255, 0)},
+              {"stem.w": 0, "head.w": 0}, qtype=np.uint8)
+    return m, data
+
+
+def _run(model, data, outputs=None):
+    import onnxruntime as ort
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(outputs, {"x": np.concatenate(list(data["x"]))})      # every sample in one batch
+
+
+def test_21_strip_keeps_a_relu_onnxruntime_folded_into_a_uint8_range(tmp_path, capsys):
+    from qdqgraph import io
+    m, data = _ort_uint8_relu_model()
+    assert "Relu" not in {n.op_type for n in m.graph.node}
+    src, out = tmp_path / "ort.qdq.onnx", tmp_path / "float.onnx"
+    onnx.save(m, src)
+    assert main(["strip", str(src), "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "kept 1 clamp as a Clip (a Relu or Clip folded into a Q range" in said and f"wrote {out}" in said
+    stripped = onnx.load(str(out))
+    onnx.checker.check_model(stripped, full_check=True)
+    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in stripped.graph.node}
+    assert [o.name for o in stripped.graph.output] == [o.name for o in m.graph.output]
+    want, = _run(m, data)
+    got, = _run(stripped, data)
+    cos = float((want * got).sum() / np.linalg.norm(want) / np.linalg.norm(got))
+    assert cos > 0.99, cos
+    head = next(n for n in stripped.graph.node if n.name == "head")      # what the Relu fed
+    relu_place, = _run(io.with_outputs(stripped, [head.input[0]]), data, [head.input[0]])
+    assert relu_place.min() >= 0 and (relu_place == 0).mean() > 0.2    # clamped, and there was something to clamp
+
+
+def test_21_strip_leaves_qdqgraphs_own_output_without_clips(model_and_data, capsys):
+    mp, dp = model_and_data
+    q, back = mp.parent / "q.onnx", mp.parent / "back.onnx"
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(q), "--quiet", "--verify", "0"]) == 0
+    assert main(["strip", str(q), "-o", str(back)]) == 0
+    assert "Clip" not in {n.op_type for n in onnx.load(str(back)).graph.node}
+    assert "clamps" not in capsys.readouterr().out
+
+
+def qoperator_model():
+    """onnxruntime's QOperator form: Q -> QLinearConv -> QLinearMatMul -> DQ (no DQ before the compute)."""
+    f32, u8 = TensorProto.FLOAT, TensorProto.UINT8
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(v, n) for n, v in {
+        "s": np.array(0.05, np.float32), "z": np.array(128, np.uint8),
+        "ws": np.array(0.01, np.float32), "wz": np.array(0, np.uint8),
+        "w": rng.integers(0, 255, (4, 3, 3, 3), dtype=np.uint8),
+        "m": rng.integers(0, 255, (6, 5), dtype=np.uint8)}.items()]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+             helper.make_node("QLinearConv", ["xq", "s", "z", "w", "ws", "wz", "s", "z"], ["cq"], name="conv",
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("QLinearMatMul", ["cq", "s", "z", "m", "ws", "wz", "s", "z"], ["mq"], name="mm"),
+             helper.make_node("DequantizeLinear", ["mq", "s", "z"], ["y"], name="dq")]
+    g = helper.make_graph(nodes, "qop", [helper.make_tensor_value_info("x", f32, [1, 3, 4, 6])],
+                          [helper.make_tensor_value_info("y", f32, [1, 4, 4, 5])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_21_strip_refuses_a_qoperator_model(tmp_path, capsys):
+    src = tmp_path / "qop.onnx"
+    onnx.save(qoperator_model(), src)
+    line = refused(capsys, ["strip", src, "-o", tmp_path / "f.onnx"], "QLinearConv, QLinearMatMul",
+                   "operator-style quantization", "QDQ format", folder=tmp_path)
+    assert "wrote" not in line and "removed" not in line

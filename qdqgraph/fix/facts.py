@@ -149,13 +149,19 @@ def _params(view: GraphView, node) -> tuple[np.ndarray, np.ndarray, np.dtype, in
     return s, z, qtype, axis
 
 
+def operator_style(view: GraphView) -> list[str]:
+    """The op types of operator-style quantization in a graph (QLinearConv, QLinearMatMul, ConvInteger,
+    DynamicQuantizeLinear, ...: the `quant` class less QuantizeLinear/DequantizeLinear), sorted."""
+    return sorted({n.op for n in view.nodes if view.vocab.is_(n, "quant") and not view.vocab.is_(n, "quantize")
+                   and not view.vocab.is_(n, "dequantize")})
+
+
 def read(graph: gs.Graph) -> Facts:
     """The facts of every DequantizeLinear in `graph` (named first: unnamed nodes get names). A
     QdqError for what fix cannot keep: no Q/DQ at all, operator-style quantization, a scale that is
     0, negative or not finite, INT4, a DQ of a non-constant no Q makes, a Q read by anything but DQs."""
     view = GraphView(graph)
-    other = sorted({n.op for n in view.nodes if view.vocab.is_(n, "quant") and not view.vocab.is_(n, "quantize")
-                    and not view.vocab.is_(n, "dequantize")})
+    other = operator_style(view)
     if other:
         raise QdqError(f"the model holds {', '.join(other)} (operator-style quantization, which TensorRT rejects "
                        f"at import, C1): fix reads QuantizeLinear/DequantizeLinear models",
@@ -319,3 +325,33 @@ def restore_clamps(graph: gs.Graph, facts: Facts) -> None:
     facts.edges = edges
     if made:
         graph.toposort()
+
+
+def strip_to_float(graph: gs.Graph) -> tuple[PassResult, list[tuple[str, float, float | None]]]:
+    """The float model a Q/DQ model approximates (`qdqgraph strip`): every Q/DQ removed as
+    `passes.strip.strip_qdq` does, the graph outputs keeping their names, and each clamp a one-sided
+    integer Q made (a Relu or ReLU6 that onnxruntime folded into a uint8 range, see `one_sided`)
+    written as a Clip, as fix writes it. Returns the strip's result and the clamps (tensor, lo, hi).
+    A QdqError for operator-style quantization (QLinearConv, ...), which has no Q/DQ to remove.
+    Unlike `read`, it reads leniently: a pair fix could not keep is stripped without a clamp."""
+    view = GraphView(graph)
+    other = operator_style(view)
+    if other:
+        raise QdqError(f"the model holds {', '.join(other)} (operator-style quantization): strip removes "
+                       f"QuantizeLinear/DequantizeLinear and cannot turn these ops back into float ones",
+                       "export the model in QDQ format (onnxruntime: quant_format=QuantFormat.QDQ) and strip "
+                       "that, or use the float model it was quantized from")
+    facts = Facts()
+    for dq in (n for n in view.nodes if view.vocab.is_(n, "dequantize")):
+        q = view.producer(dq.inputs[0])
+        if q is None or not view.vocab.is_(q, "quantize"):
+            continue                                 # a quantized constant: no clamp to keep
+        try:
+            f = _read_dq(view, dq)
+        except QdqError:
+            continue
+        facts.edges += [(c, i, f) for c, i in view.consumers(dq.outputs[0])]
+        facts.edges += [(None, k, f) for k, o in enumerate(graph.outputs) if o is dq.outputs[0]]
+    done = strip(graph, facts)
+    restore_clamps(graph, facts)
+    return done, list(facts.clamps)
