@@ -12,7 +12,7 @@ import warnings
 
 from .. import outputs
 from ..errors import QdqError
-from . import build, calibrate, compare, example, fix, insert, report, strip
+from . import build, calibrate, compare, estimate, example, fix, insert, report, strip
 from .args import Formatter, Parser, UsageError
 from .messages import reset, warn
 
@@ -24,7 +24,7 @@ def build_parser() -> Parser:
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     ap.add_argument("--version", action="version", version=f"qdqgraph {_version()}")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
-    for module in (insert, fix, calibrate, report, compare, example, strip, build):
+    for module in (insert, fix, calibrate, report, compare, example, strip, build, estimate):
         module.add(sub)
     return ap
 
