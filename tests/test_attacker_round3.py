@@ -171,3 +171,18 @@ def test_21_strip_refuses_a_qoperator_model(tmp_path, capsys):
     line = refused(capsys, ["strip", src, "-o", tmp_path / "f.onnx"], "QLinearConv, QLinearMatMul",
                    "operator-style quantization", "QDQ format", folder=tmp_path)
     assert "wrote" not in line and "removed" not in line
+
+
+def test_21_report_names_the_qlinear_ops_tensorrt_rejects(tmp_path, capsys, model_and_data):
+    from qdqgraph import trtsim
+    src = tmp_path / "qop.onnx"
+    onnx.save(qoperator_model(), src)
+    found = [(d.node, d.message.split(" ")[0]) for d in trtsim.lint(qoperator_model()) if d.code == "QDQ215"]
+    assert found == [("conv", "QLinearConv"), ("mm", "QLinearMatMul")]
+    assert main(["report", str(src), "--strict"]) == 3
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("QDQ215")]
+    assert len(lines) == 2 and "rejects" in lines[0] and "QuantFormat.QDQ" in lines[0]
+    mp, dp = model_and_data                       # qdqgraph's own output: no such finding
+    q = mp.parent / "q.onnx"
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(q), "--quiet", "--verify", "0"]) == 0
+    assert not [d for d in trtsim.lint(onnx.load(str(q))) if d.code == "QDQ215"]

@@ -16,6 +16,7 @@
 | QDQ212 | FP8 attention whose head size TensorRT's FP8 attention cannot take | C9      |
 | QDQ213 | a scale that is not float32, float16 or bfloat16               | C3         |
 | QDQ214 | INT4: a block size that does not divide its axis, an INT4 activation, or INT4 weights outside a GEMM | C5, C10 |
+| QDQ215 | operator-style quantization (QLinearConv, QLinearMatMul, ConvInteger, ...): TensorRT rejects the model | C1 |
 """
 from __future__ import annotations
 
@@ -182,6 +183,12 @@ def _graph_diagnostics(graph) -> list[Diagnostic]:
                                           f"({inner[0].op}) stops TensorRT folding/fusing them into one kernel",
                                           "remove it and quantize after the activation (P4)"))
         if n.role != OP:
+            continue
+        if v.is_(n, "operator_quant"):
+            out.append(Diagnostic("QDQ215", n.name, f"{n.op} is operator-style quantization, which TensorRT's ONNX "
+                                  "parser rejects (C1): no engine can be built from this model",
+                                  "export the model in QDQ format (onnxruntime: quant_format=QuantFormat.QDQ), or "
+                                  "quantize its float version with `qdqgraph insert`"))
             continue
         out += _attention_diagnostics(g, n)
         acts = [t for t in g.data_inputs(n) if not _const_qdq(g, t)]
