@@ -186,3 +186,46 @@ def test_21_report_names_the_qlinear_ops_tensorrt_rejects(tmp_path, capsys, mode
     q = mp.parent / "q.onnx"
     assert main(["insert", str(mp), "--calib", str(dp), "-o", str(q), "--quiet", "--verify", "0"]) == 0
     assert not [d for d in trtsim.lint(onnx.load(str(q))) if d.code == "QDQ215"]
+
+
+# ---------------------------------------------------------- 22. fix of a Q -> DQ -> Q -> DQ chain
+
+def qdq_chain_model():
+    """conv -> relu with its input through Q(0.05) -> DQ -> Q(0.04) -> DQ (two tools' quantizers in a row)."""
+    import motifs
+    m = motifs.conv_relu()
+    g = m.graph
+    conv = next(n for n in g.node if n.name == "conv")
+    x = conv.input[0]
+    g.initializer.extend([onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in (
+        ("s1", 0.05, np.float32), ("z1", 0, np.int8), ("s2", 0.04, np.float32), ("z2", 0, np.int8))])
+    chain = [helper.make_node("QuantizeLinear", [x, "s1", "z1"], ["a_q"], name="q1"),
+             helper.make_node("DequantizeLinear", ["a_q", "s1", "z1"], ["a_dq"], name="dq1"),
+             helper.make_node("QuantizeLinear", ["a_dq", "s2", "z2"], ["b_q"], name="q2"),
+             helper.make_node("DequantizeLinear", ["b_q", "s2", "z2"], ["b_dq"], name="dq2")]
+    conv.input[0] = "b_dq"
+    nodes = list(g.node)
+    del g.node[:]
+    g.node.extend(chain + nodes)
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_22_fix_reads_a_qdq_chain_as_its_last_pair(tmp_path, capsys):
+    import qdqgraph
+    src, out = tmp_path / "chain.onnx", tmp_path / "chain.fix.onnx"
+    onnx.save(qdq_chain_model(), src)
+    assert main(["fix", str(src), "-o", str(out)]) == 0           # was an IndexError, exit 1
+    captured = capsys.readouterr()
+    assert f"wrote {out}" in captured.out
+    assert "read as their last pair" in captured.err and "dq1" in captured.err and "internal error" not in captured.err
+    fixed = onnx.load(str(out))
+    onnx.checker.check_model(fixed, full_check=True)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in fixed.graph.initializer}
+    q, = [n for n in fixed.graph.node if n.op_type == "QuantizeLinear"]      # one pair left, on the conv input
+    assert float(inits[q.input[1]]) == pytest.approx(0.04)                    # the scale the conv read
+    r = qdqgraph.fix(qdq_chain_model())
+    assert any("dq1" in w for w in r.report.warnings)
+    back = tmp_path / "back.onnx"                                             # strip takes the chain too
+    assert main(["strip", str(src), "-o", str(back)]) == 0
+    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in onnx.load(str(back)).graph.node}

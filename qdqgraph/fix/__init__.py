@@ -97,6 +97,9 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
             register_custom_ops(lib)
         report.config = cfg.to_dict()
         report.warnings += loaded.repairs
+        if facts.chained:
+            report.warnings.append(f"Q -> DQ -> Q -> DQ chains read as their last pair, the scale their consumers "
+                                   f"see (the first DQ of each: {', '.join(facts.chained)})")
         if loaded.opset_raised_from is not None:
             report.warnings.append(f"the model's opset {loaded.opset_raised_from} was raised to {io.MIN_OPSET} "
                                    f"(per-channel Q/DQ need it)")

@@ -69,6 +69,7 @@ class Facts:
     edges: list[tuple[object, int, Fact]] = field(default_factory=list)   # (consumer node or None: graph output, index, fact)
     precision: str = "int8"
     clamps: list[tuple[str, float, float]] = field(default_factory=list)   # (tensor, lo, hi) made Clips
+    chained: list[str] = field(default_factory=list)   # DQs read only by another Q (Q -> DQ -> Q -> DQ)
     named: int = 0                   # nodes that got a name (none, or a repeated one)
     qdq_weights: bool = False        # every quantized weight was a float weight through Q -> DQ
     _index: dict | None = field(default=None, repr=False)
@@ -180,12 +181,7 @@ def read(graph: gs.Graph) -> Facts:
                            f"pairs (a model that hands INT8 tensors on cannot be re-placed)",
                            "export the model with a DequantizeLinear after every QuantizeLinear")
     for dq in (n for n in view.nodes if view.vocab.is_(n, "dequantize")):
-        f = _read_dq(view, dq)
-        for c, i in view.consumers(dq.outputs[0]):
-            facts.edges.append((c, i, f))
-        for k, o in enumerate(graph.outputs):
-            if o is dq.outputs[0]:
-                facts.edges.append((None, k, f))
+        facts.edges += _edges(view, graph, dq, _read_dq(view, dq), facts)
     kinds = {("fp8" if f.qtype == F8 else "int8") for _, _, f in facts.edges if f.kind != "bias"}
     if len(kinds) > 1:
         raise QdqError("the model holds both INT8 and FP8 Q/DQ: fix rewrites one precision at a time",
@@ -194,6 +190,17 @@ def read(graph: gs.Graph) -> Facts:
     weights = [f for _, _, f in facts.edges if f.kind == "weight"]
     facts.qdq_weights = bool(weights) and all(f.float_weight for f in weights)
     return facts
+
+
+def _edges(view: GraphView, graph: gs.Graph, dq, f: Fact, facts: Facts) -> list[tuple[object, int, Fact]]:
+    """The consumer edges of `dq` with its fact. A QuantizeLinear reading it (a Q -> DQ -> Q -> DQ
+    chain) is no edge: stripping removes that Q too, and the chain's consumers read through its last
+    pair, whose scale is the one they see; such DQs are listed in facts.chained."""
+    edges = [(c, i, f) for c, i in view.consumers(dq.outputs[0]) if not view.vocab.is_(c, "quantize")]
+    edges += [(None, k, f) for k, o in enumerate(graph.outputs) if o is dq.outputs[0]]
+    if len(edges) < len(view.consumers(dq.outputs[0])) + sum(o is dq.outputs[0] for o in graph.outputs):
+        facts.chained.append(dq.name)
+    return edges
 
 
 def _read_dq(view: GraphView, dq) -> Fact:
@@ -350,8 +357,7 @@ def strip_to_float(graph: gs.Graph) -> tuple[PassResult, list[tuple[str, float, 
             f = _read_dq(view, dq)
         except QdqError:
             continue
-        facts.edges += [(c, i, f) for c, i in view.consumers(dq.outputs[0])]
-        facts.edges += [(None, k, f) for k, o in enumerate(graph.outputs) if o is dq.outputs[0]]
+        facts.edges += _edges(view, graph, dq, f, facts)
     done = strip(graph, facts)
     restore_clamps(graph, facts)
     return done, list(facts.clamps)
