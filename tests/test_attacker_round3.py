@@ -229,3 +229,61 @@ def test_22_fix_reads_a_qdq_chain_as_its_last_pair(tmp_path, capsys):
     back = tmp_path / "back.onnx"                                             # strip takes the chain too
     assert main(["strip", str(src), "-o", str(back)]) == 0
     assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in onnx.load(str(back)).graph.node}
+
+
+# ------------------------------------------------------------------------------ 23. SIGTERM
+
+# The run under test, in a child process: `insert` with the model write (or --verify, after it) made
+# to wait, so that SIGTERM lands while the temporary file exists (or after the model is written).
+_SLOW = r"""
+import sys, time
+import onnx
+import qdqgraph.evaluate
+from qdqgraph.cli import main
+stage = sys.argv[1]
+real_save = onnx.save
+def slow_save(model, path, *a, **k):
+    real_save(model, path, *a, **k)
+    if stage == "writing" and str(path).endswith(".tmp"):
+        print("READY", file=sys.stderr, flush=True)
+        time.sleep(60)
+def slow_compare(*a, **k):
+    print("READY", file=sys.stderr, flush=True)
+    time.sleep(60)
+onnx.save = slow_save
+qdqgraph.evaluate.compare = slow_compare
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("stage", ["writing", "verify"])
+def test_23_sigterm_is_handled_like_ctrl_c(model_and_data, stage):
+    import signal
+    mp, dp = model_and_data
+    out = mp.parent / "q.onnx"
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW, stage, "insert", str(mp), "--calib", str(dp), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline().strip() == "READY"
+        if stage == "writing":
+            assert [p for p in files(mp.parent) if p.endswith(".tmp")]      # caught in the middle of the write
+        proc.send_signal(signal.SIGTERM)
+        err = proc.stderr.read().strip().splitlines()
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 143
+    assert not [p for p in files(mp.parent) if p.endswith(".tmp")]
+    if stage == "writing":
+        assert err == ["qdqgraph: terminated (SIGTERM); no output was written"] and not out.exists()
+    else:
+        assert err == [f"qdqgraph: terminated (SIGTERM) after writing {out}"]
+        onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+
+
+def test_23_main_restores_the_sigterm_handler(model_and_data, capsys):
+    import signal
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["report", "missing.onnx"]) == 2
+    assert signal.getsignal(signal.SIGTERM) is before or before is None

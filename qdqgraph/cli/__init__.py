@@ -3,11 +3,14 @@ args.py, checked into a QuantizeConfig before any work), calls the API and print
 
 Exit codes: 0 done, 2 bad input or usage (one line on stderr naming the problem and the fix), 1 an
 internal error (one line; the traceback with --debug), 3 `report --strict` with findings, 130
-interrupted. Warnings go to stderr, each once, prefixed `qdqgraph: warning:`.
+interrupted (Ctrl-C), 143 terminated (SIGTERM: handled as Ctrl-C is, so no temporary file is left
+and the line says what was written). Warnings go to stderr, each once, prefixed `qdqgraph: warning:`.
 """
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import warnings
 
 from .. import outputs
@@ -44,6 +47,23 @@ def _quiet_onnxruntime() -> None:
     ort.set_default_logger_severity(3)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so it unwinds as Ctrl-C does (temporary files removed)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _handle_sigterm():
+    """Install the SIGTERM handler for this run; returns the handler to restore (the default one where
+    the old one was not Python's), or None where none was installed (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    return signal.SIG_DFL if old is None else old
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -56,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         warn(str(message))
     old_show = warnings.showwarning
     warnings.showwarning = show_warning
+    old_term = _handle_sigterm()
     try:
         args, extra = build_parser().parse_known_args(argv)
         if extra:                      # the command's own help, not the top-level one
@@ -68,15 +89,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"qdqgraph: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if debug:
             raise
+        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         done = outputs.written()[written_before:]
         if done:
-            print(f"qdqgraph: interrupted after writing {', '.join(str(p) for p in done)}", file=sys.stderr)
+            print(f"qdqgraph: {what} after writing {', '.join(str(p) for p in done)}", file=sys.stderr)
         else:
-            print("qdqgraph: interrupted; no output was written", file=sys.stderr)
-        return 130
+            print(f"qdqgraph: {what}; no output was written", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     except SystemExit as e:            # --help and --version exit through argparse
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     except Exception as e:  # a bug in qdqgraph: one line, the traceback with --debug
@@ -88,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         warnings.showwarning = old_show
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
 
 
 __all__ = ["main", "build_parser", "warn"]
