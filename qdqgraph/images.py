@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def parse_preprocess(text: str) -> Preprocess:
             fields[key].append(token)   # mean=0.485,0.456,0.406: the values after the first
         else:
             raise QdqError(f"--preprocess: cannot read {token!r}", "write key=value pairs separated by commas")
-    kw = {}
+    kw: dict[str, Any] = {}       # Preprocess's fields
     if "resize" in fields:
         kw["resize"] = _hw(fields["resize"][0], "resize")
     if "crop" in fields:
@@ -96,7 +97,7 @@ def load_image(path: Path, spec: Preprocess) -> np.ndarray:
     except ImportError:
         raise QdqError("reading images needs Pillow", "pip install 'qdqgraph[images]'") from None
     try:
-        img = Image.open(path)
+        img: Image.Image = Image.open(path)
         img = img.convert("L" if spec.color == "L" else "RGB")
     except (OSError, ValueError) as e:
         raise QdqError(f"{path} is not a readable image ({e})", "remove it from the calibration folder") from None
@@ -107,7 +108,9 @@ def load_image(path: Path, spec: Preprocess) -> np.ndarray:
             w, h = img.size
             s = spec.resize[0] / min(w, h)
             size = (max(1, round(w * s)), max(1, round(h * s)))
-        img = img.resize(size, Image.BILINEAR)
+        # Pillow >= 10 sets Image.BILINEAR at import time, out of its type stubs' sight; the
+        # typed Image.Resampling.BILINEAR needs Pillow 9.1 and the extra allows 9.0
+        img = img.resize(size, Image.BILINEAR)  # type: ignore[attr-defined]
     if spec.crop:
         ch, cw = spec.crop
         w, h = img.size
