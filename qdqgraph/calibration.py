@@ -90,8 +90,8 @@ def amax_from_states(states: dict, method: str, percentile: float = DEFAULT_PERC
 def exact_ranges(plan: Plan, amax: dict[str, float]) -> dict[str, float]:
     """`amax` with the ranges the graph fixes (a one-hot's 1.0) in place of estimated or cached ones."""
     for rep, members in plan.groups().items():
-        exact = [plan.sites[t].exact_amax for t in members]
-        if rep in amax and all(e is not None for e in exact):
+        exact = [e for t in members if (e := plan.sites[t].exact_amax) is not None]
+        if rep in amax and len(exact) == len(members):
             amax[rep] = max(exact)
     return amax
 
@@ -143,13 +143,15 @@ def ranges_from_cache(plan: Plan, cache, can_calibrate: bool = False) -> tuple[d
 def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config: QuantizeConfig,
                    progress=None, only: set[str] | None = None, keep_states: bool = False) -> Calibration:
     """Calibrate the scale groups of `plan` (or those in `only`) on `data`."""
+    config_method = config.method
+    assert config_method is not None, "QuantizeConfig fills in the precision's default method"
     groups = plan.groups()
     if only is not None:
         groups = {rep: members for rep, members in groups.items() if rep in only}
     if not groups:
-        return Calibration({}, method=config.method)
+        return Calibration({}, method=config_method)
     stage(progress, "calibrating", data.count)
-    method = "entropy" if keep_states else config.method
+    method = "entropy" if keep_states else config_method
     providers = list(config.providers) if config.providers else None
     if config.ray:
         states, samples, seconds = _collect_on_ray(loaded, groups, data, method, config, providers, progress)
@@ -157,8 +159,8 @@ def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config:
         got = collect(loaded, groups, data, method=method, batch_size=config.batch_size, providers=providers,
                       progress=progress, lanes=config.lanes)
         states, samples, seconds = got.states, got.samples, got.seconds
-    amax = {} if keep_states else exact_ranges(plan, amax_from_states(states, config.method, config.percentile))
-    return Calibration(groups, amax, states if keep_states else None, config.method, samples, seconds)
+    amax = {} if keep_states else exact_ranges(plan, amax_from_states(states, config_method, config.percentile))
+    return Calibration(groups, amax, states if keep_states else None, config_method, samples, seconds)
 
 
 def _collect_on_ray(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData, method: str,

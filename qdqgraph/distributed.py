@@ -109,6 +109,7 @@ def _start(ray, address: str | None, cpus: int | None) -> None:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(address=LOCAL, num_cpus=cpus or cores(), include_dashboard=False, **quiet)
         else:
+            assert address is not None       # None is local
             _check_reachable(address)
             ray.init(address=address, **quiet)
     except QdqError:

@@ -145,7 +145,7 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
     existing = g.tensors()
     inputs = {t.name for t in g.inputs}
     outputs = {t.name for t in g.outputs}
-    fetch = {}
+    fetch: dict[str, str | None] = {}
     for i, name in enumerate(tensors):
         if name in inputs and stride <= 1:
             fetch[name] = None

@@ -54,7 +54,7 @@ import numpy as np
 try:
     from . import _abshist
 except ImportError:                  # no C compiler at install: numpy counts instead
-    _abshist = None
+    _abshist = None                  # type: ignore[assignment]  # an optional module: None when absent
 
 COMPILED = _abshist is not None      # is the compiled kernel in use?
 DEFAULT_NUM_BINS = 2048

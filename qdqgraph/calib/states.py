@@ -55,6 +55,7 @@ def _check_shards(paths, docs) -> None:
         if i in seen:
             raise QdqError(f"shard {i}/{n} is given twice ({seen[i]} and {p})", "pass each shard once")
         seen[i] = p
+    assert total is not None, "a label was read: the loop set the total"
     missing = [f"{i}/{total}" for i in range(1, total + 1) if i not in seen]
     if missing:
         raise QdqError(f"shard {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing from the merge",
