@@ -42,7 +42,7 @@ def _skip_qdq(g, node) -> bool:
 def _single_next(g, t: str, allowed: str, limit: int, stop: str):
     """From tensor t, follow single-consumer ops of class `allowed` (and Q/DQ where the graph has
     them) to the first node of class `stop`. Returns (stop node, input index, nodes passed)."""
-    passed = []
+    passed: list = []                # the graph's nodes (graphsurgeon or simulator)
     for _ in range(limit + 1):
         if g.is_graph_output(t):
             return None

@@ -44,8 +44,10 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | No
     if data is None:
         info.update(int8=True, why="no calibration data to measure its cost")
         return (), info
+    fmt = cfg.format
+    assert fmt is not None, "INT4 runs take their own pipeline, without this check"
     trial = loaded.graph.copy()
-    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
+    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=fmt)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, stop_above_db=float("-inf"), progress=progress,
                              only=set(gemms), reference=loaded)

@@ -14,7 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 class _Builder:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
-        self.nodes, self.inits = [], []
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
 
     def const(self, name, value):
         self.inits.append(numpy_helper.from_array(np.asarray(value), name))

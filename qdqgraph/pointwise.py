@@ -46,7 +46,8 @@ def region_from(g, t: str) -> tuple[list, str | None, str]:
 
 def region_source(g, t: str) -> str | None:
     """The tensor x whose pointwise region (of two ops or more) ends in `t`, else None."""
-    seen, stack, outside = set(), [t], set()
+    seen: set[str] = set()
+    stack, outside = [t], set()
     while stack:
         p = g.producer(stack.pop())
         if p is None or p.name in seen:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import onnx_graphsurgeon as gs
 
 from ..formats import INT8, Format
@@ -75,8 +76,8 @@ class Insertion:
     axis: int | None
     q: tuple[str, str] | None     # (Q node, its quantized output), absent for a stored weight
     dq: tuple[str, str]           # (DQ node, its float output)
-    dtype: object                 # the float type of the DQ output
-    shape: object
+    dtype: npt.DTypeLike | None   # the float type of the DQ output
+    shape: list | None            # its dimensions (ints, or names of symbolic ones), None when unknown
     zero_range: bool = False      # an activation calibrated to zero: it got the safe scale
 
 

@@ -31,7 +31,8 @@ MBV2_PLACEMENTS = ("qat", "qat-residual")
 class _Builder:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
-        self.nodes, self.inits = [], []
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
         self.scales: dict[str, float] = {}
 
     def init(self, name, value):

@@ -53,6 +53,7 @@ class OracleResult:
 def compare(name: str, folder: Path | None = None) -> OracleResult:
     from .. import io
     folder = folder or oracles_dir()
+    assert folder is not None, "no TensorRT oracle folder here (see oracles_dir)"
     sim = simulate(io.load(ORACLES[name]()).graph)
     engine = read_engine_report(Path(folder) / f"{name}.graph.json")
     return OracleResult(name, sim, engine, diff(sim, engine), diff(sim, engine, exact=True))
