@@ -22,7 +22,7 @@ from pathlib import Path
 
 import onnx
 
-from . import distributed, io
+from . import distributed, io, outputs
 from .calib import cache as cache_files
 from .calib.collect import collect, default_lanes
 from .calib.methods import compute_amax
@@ -104,6 +104,7 @@ def read_cache(path) -> dict[str, float]:
         raise QdqError(f"calibration cache not found: {p}", "check the --calib-cache path")
     if p.is_dir():
         raise QdqError(f"calibration cache {p} is a folder", "pass the cache file itself")
+    outputs.require_regular(p, "calibration cache")
     try:
         return cache_files.load_cache(p)
     except ValueError as e:

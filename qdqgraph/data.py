@@ -20,6 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import QdqError
+from .outputs import require_regular
 
 META_KEYS = ("__meta__",)
 # said once for --calib random (the pipeline's report says the same words: the CLI says them once)
@@ -146,8 +147,11 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
                 raise QdqError(f"cannot read folder {path}: permission denied", "check its permissions") from None
             if not files:
                 raise QdqError(f"{path} holds no .npz or .npy files", "put calibration arrays in it")
+            for p in files:
+                require_regular(p, "calibration data")
             return [FileChunk(p, inputs, ignore) for p in files]  # one chunk per file, read when used
-        elif path.suffix == ".npz":
+        require_regular(path, "calibration data")
+        if path.suffix == ".npz":
             arrays = _load_npz(path)
         elif path.suffix == ".npy":
             if len(inputs) != 1:

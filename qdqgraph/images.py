@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import QdqError
+from .outputs import require_regular
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 _KEYS = {"resize", "crop", "scale", "mean", "std", "layout", "color"}
@@ -87,7 +88,10 @@ def parse_preprocess(text: str) -> Preprocess:
 
 
 def image_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    for p in files:
+        require_regular(p, "image")
+    return files
 
 
 def load_image(path: Path, spec: Preprocess) -> np.ndarray:

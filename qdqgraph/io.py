@@ -104,6 +104,7 @@ def require_model_file(path) -> Path:
         raise QdqError(f"model file not found: {p}", "check the path")
     if p.is_dir():
         raise QdqError(f"{p} is a folder, not an ONNX file", "pass the .onnx file inside it")
+    outputs.require_regular(p, "model")          # a FIFO would hang the read
     if not os.access(p, os.R_OK):
         raise QdqError(f"cannot read {p}: permission denied", "check the file's permissions")
     return p

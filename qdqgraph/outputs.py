@@ -14,7 +14,8 @@
   which a TensorRT or Triton container running as another user cannot read); a file overwritten
   with --force keeps its mode.
 
-`Plan` checks a run's outputs against its inputs and each other before any work is done;
+`Plan` checks a run's outputs against its inputs and each other before any work is done (and
+that no input is a FIFO, device or socket, which would hang the run: `require_regular`);
 `write_atomic` writes one file; `written()` lists what this process has written (the CLI says it
 when a run is interrupted after writing).
 """
@@ -77,6 +78,16 @@ def _refuse_special(p: Path, what: str) -> None:
                        "replace the node)")
 
 
+def require_regular(path, what: str) -> None:
+    """A QdqError when the input `path` exists and is a FIFO, a device or a socket (links followed):
+    reading one would wait for a writer forever, or read different bytes on each pass."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise QdqError(f"{what} {path} is {kind}, not a regular file",
+                       "save its contents to a file and pass that (qdqgraph reads its inputs as files, "
+                       "some more than once)")
+
+
 def check_output(path, what: str, force: bool, inputs=()) -> Path:
     """Check one output path (see the module doc); returns it as a Path."""
     p = Path(path)
@@ -103,11 +114,16 @@ class Plan:
 
     def __init__(self, force: bool = False, inputs=()):
         self.force = force
-        self.inputs = [Path(p) for p in inputs if p is not None]
+        self.inputs: list[Path] = []
         self.outputs: list[tuple[str, Path]] = []
+        self.input(*inputs)
 
     def input(self, *paths) -> None:
-        self.inputs += [Path(p) for p in paths if p is not None]
+        """Add inputs of the run; a FIFO, device or socket among them is refused (see require_regular)."""
+        for p in paths:
+            if p is not None:
+                require_regular(p, "input")
+                self.inputs.append(Path(p))
 
     def output(self, path, what: str) -> Path | None:
         if path is None:

@@ -287,3 +287,74 @@ def test_23_main_restores_the_sigterm_handler(model_and_data, capsys):
     before = signal.getsignal(signal.SIGTERM)
     assert main(["report", "missing.onnx"]) == 2
     assert signal.getsignal(signal.SIGTERM) is before or before is None
+
+
+# ------------------------------------------------------------ 24. special files as inputs
+
+def _input_case(case: str, mp: Path, dp: Path) -> tuple[list, str]:
+    d = mp.parent
+    fifo = d / "in.fifo"
+    os.mkfifo(fifo)
+    return {
+        "model": (["insert", fifo, "--calib", dp, "-o", d / "q.onnx"], "model"),
+        "calib": (["insert", mp, "--calib", fifo, "-o", d / "q.onnx"], "input"),
+        "calib-cache": (["insert", mp, "--calib-cache", fifo, "-o", d / "q.onnx"], "input"),
+        "rules": (["insert", mp, "--calib", dp, "--rules", fifo, "-o", d / "q.onnx"], "input"),
+        "calibrate-calib": (["calibrate", mp, "--calib", fifo, "-o", d / "c.json"], "input"),
+        "compare-data": (["compare", mp, mp, "--data", fifo], "input"),
+        "report-model": (["report", fifo], "model"),
+        "strip-model": (["strip", fifo, "-o", d / "f.onnx"], "model"),
+        "fix-model": (["fix", fifo, "-o", d / "f.onnx"], "model"),
+    }[case]
+
+
+@pytest.mark.parametrize("case", ["model", "calib", "calib-cache", "rules", "calibrate-calib", "compare-data",
+                                  "report-model", "strip-model", "fix-model"])
+def test_24_a_fifo_as_input_is_refused_not_waited_on(model_and_data, capsys, monkeypatch, case):
+    """Each run would wait forever for a writer to the FIFO; the timeout turns a hang into a failure."""
+    import signal
+
+    def hung(*a):
+        raise AssertionError("qdqgraph waited on the FIFO")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        mp, dp = model_and_data
+        argv, what = _input_case(case, mp, dp)
+        no_sessions(monkeypatch)
+        refused(capsys, argv, f"{what} ", "in.fifo is a FIFO, not a regular file", "save its contents to a file",
+                folder=mp.parent)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("where", ["data", "folder", "cache", "rules", "model"])
+def test_24_the_api_refuses_special_files_too(model_and_data, where):
+    """The readers behind the Python API check the file themselves (the CLI's check comes first)."""
+    import signal
+
+    import qdqgraph
+    from qdqgraph import calibration, io
+    from qdqgraph.rulebook.files import read_rule_file
+
+    def hung(*a):
+        raise AssertionError("qdqgraph waited on the FIFO")
+    mp, _ = model_and_data
+    folder = mp.parent / "calib"
+    folder.mkdir()
+    fifo = (folder if where == "folder" else mp.parent) / "x.npz"
+    os.mkfifo(fifo)
+    call = {"data": lambda: qdqgraph.quantize(mp, calib=fifo),
+            "folder": lambda: qdqgraph.calibrate(mp, folder),
+            "cache": lambda: calibration.read_cache(fifo),
+            "rules": lambda: read_rule_file(fifo),
+            "model": lambda: io.load(fifo)}[where]
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(QdqError, match="x.npz is a FIFO, not a regular file"):
+            call()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import QdqError
+from ..outputs import require_regular
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -69,6 +70,7 @@ def read_rule_file(path) -> RuleFile:
             raise QdqError(f"rule file not found: {p}", "check the --rules path")
         if p.is_dir():
             raise QdqError(f"rule file {p} is a folder", "pass the .toml file itself")
+        require_regular(p, "rule file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
