@@ -358,3 +358,29 @@ def test_24_the_api_refuses_special_files_too(model_and_data, where):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+# ------------------------------------------------------------------------ 25. --debug's exit code
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_25_debug_shows_the_traceback_and_keeps_exit_2(tmp_path, where):
+    argv = ["--debug", "report", str(tmp_path / "missing.onnx")]
+    if where == "after":
+        argv = argv[1:] + ["--debug"]
+    r = subprocess.run([sys.executable, "-m", "qdqgraph", *argv], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip().splitlines()
+    assert err[0].startswith("Traceback") and "QdqError" in r.stderr
+    assert err[-1].startswith("qdqgraph: error: model file not found:") and "missing.onnx" in err[-1]
+
+
+def test_25_debug_keeps_the_ctrl_c_exit_code(model_and_data, capsys, monkeypatch):
+    import qdqgraph.pipeline
+    mp, dp = model_and_data
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(qdqgraph.pipeline, "quantize", interrupted)
+    assert main(["--debug", "insert", str(mp), "--calib", str(dp)]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1] == "qdqgraph: interrupted; no output was written"

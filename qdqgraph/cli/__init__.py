@@ -1,8 +1,9 @@
 """The `qdqgraph` command: thin; each subcommand parses its arguments (shared argument groups in
 args.py, checked into a QuantizeConfig before any work), calls the API and prints.
 
-Exit codes: 0 done, 2 bad input or usage (one line on stderr naming the problem and the fix), 1 an
-internal error (one line; the traceback with --debug), 3 `report --strict` with findings, 130
+Exit codes: 0 done, 2 bad input or usage (one line on stderr naming the problem and the fix; with
+--debug the traceback before it, the exit code the same), 1 an internal error (one line; the
+traceback with --debug), 3 `report --strict` with findings, 130
 interrupted (Ctrl-C), 143 terminated (SIGTERM: handled as Ctrl-C is, so no temporary file is left
 and the line says what was written). Warnings go to stderr, each once, prefixed `qdqgraph: warning:`.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import traceback
 import warnings
 
 from .. import outputs
@@ -85,13 +87,13 @@ def main(argv: list[str] | None = None) -> int:
             _quiet_onnxruntime()
         return args.run(args)
     except QdqError as e:
-        if debug:
-            raise
+        if debug:                      # the traceback, then the same line and exit code as without --debug
+            traceback.print_exc()
         print(f"qdqgraph: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         if debug:
-            raise
+            traceback.print_exc()
         what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         done = outputs.written()[written_before:]
         if done:
