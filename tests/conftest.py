@@ -12,6 +12,11 @@ sys.path.insert(0, str(HERE))
 GOLDEN = HERE / "golden"
 
 
+def pytest_configure(config):
+    # the fast tier for inner-loop work is `pytest -m "not slow and not ray"`
+    config.addinivalue_line("markers", "ray: starts local Ray clusters (tests/test_ray.py); seconds per start")
+
+
 @pytest.fixture
 def golden():
     """Compare text with tests/golden/NAME.txt; QDQGRAPH_UPDATE_GOLDEN=1 rewrites the file (then

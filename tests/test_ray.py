@@ -26,6 +26,8 @@ from qdqgraph.data import CalibrationData
 from qdqgraph.prepare import model_inputs
 from qdqgraph.sensitivity import measure
 
+pytestmark = pytest.mark.ray       # starts Ray clusters: out of the fast tier (-m "not slow and not ray")
+
 NO_RAY = "Ray is not installed (pip install 'qdqgraph[ray]')"
 SAMPLES = 11                      # two shards of 5 and 6: a shard boundary inside a file below
 
