@@ -22,7 +22,7 @@ from pathlib import Path
 
 import onnx
 
-from . import distributed, io, outputs
+from . import api_checks, distributed, io, outputs
 from .calib import cache as cache_files
 from .calib.collect import collect, default_lanes
 from .calib.methods import compute_amax
@@ -216,6 +216,7 @@ def calibrate(model, calib, *, config: QuantizeConfig | None = None, shard: tupl
     `shard=(i, n)` calibrates the i-th of n parts of the samples and keeps its states (to be merged
     with `merge_calibrations`); `keep_states` keeps them for a whole run too. With `ray=ADDRESS`
     (or "local"), the samples are calibrated in shards on Ray, to the same ranges."""
+    api_checks.calibrate(model, calib, config, shard)
     cfg = config_from(config, **options)
     with distributed.scope():
         return _calibrate(model, calib, cfg, shard, keep_states, progress)

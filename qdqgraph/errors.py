@@ -16,5 +16,10 @@ class QdqError(Exception):
         super().__init__(f"{problem}; {fix}" if fix else problem)
 
 
+class ArgumentTypeError(QdqError, TypeError):
+    """A Python API function was given an argument of a type it does not take (qdqgraph.api_checks):
+    a QdqError with the fix, and a TypeError for code that catches those."""
+
+
 class InvariantError(AssertionError):
     """qdqgraph produced a model that breaks one of its own Q/DQ invariants (a bug)."""

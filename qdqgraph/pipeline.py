@@ -115,6 +115,8 @@ def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_c
     of the same names (method, percentile, rules, exclude_nodes, high_precision, accuracy_budget, ...);
     see qdqgraph.config for each one and its default.
     """
+    from .api_checks import quantize as check_arguments     # wrong types: one clear error, before any work
+    check_arguments(model, calib, config, calib_cache)
     with fewer_collections(), distributed.scope():     # a Ray started for one stage serves the next
         return _quantize(model, calib, config, calib_cache, progress, options)
 

@@ -384,3 +384,60 @@ def test_25_debug_keeps_the_ctrl_c_exit_code(model_and_data, capsys, monkeypatch
     assert main(["--debug", "insert", str(mp), "--calib", str(dp)]) == 130
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1] == "qdqgraph: interrupted; no output was written"
+
+
+# --------------------------------------------------------- 26. the Python API's argument types
+
+def _api_cases(mp: Path, data: dict):
+    import qdqgraph
+    m = onnx.load(str(mp))
+    return {   # name: (call, parameter named, words of what it accepts)
+        "quantize-int": (lambda: qdqgraph.quantize(123, calib="random"), "quantize(model=...)", "onnx.ModelProto"),
+        "quantize-bytes": (lambda: qdqgraph.quantize(m.SerializeToString(), calib="random"), "quantize(model=...)",
+                           "onnx.load_from_string"),
+        "calib-array": (lambda: qdqgraph.quantize(mp, calib=data["x"]), "quantize(calib=...)",
+                        "which model input a bare array feeds"),
+        "calib-int": (lambda: qdqgraph.quantize(mp, calib=5), "quantize(calib=...)", '"random"'),
+        "calib-npzfile": (lambda: qdqgraph.quantize(mp, calib=np.load(mp.parent / "calib.npz")),
+                          "quantize(calib=...)", "dict(...)"),
+        "calib-keys": (lambda: qdqgraph.quantize(mp, calib={0: data["x"]}), "quantize(calib=...)", "input names"),
+        "config-str": (lambda: qdqgraph.quantize(mp, calib="random", config="x"), "quantize(config=...)",
+                       "qdqgraph.QuantizeConfig"),
+        "config-dict": (lambda: qdqgraph.quantize(mp, calib="random", config={"method": "max"}),
+                        "quantize(config=...)", "**options"),
+        "calib-cache-int": (lambda: qdqgraph.quantize(mp, calib_cache=5), "quantize(calib_cache=...)", "amax"),
+        "calibrate-int": (lambda: qdqgraph.calibrate(123, data), "calibrate(model=...)", "onnx.ModelProto"),
+        "calibrate-none": (lambda: qdqgraph.calibrate(mp, None), "calibrate() needs calibration data", "calib="),
+        "calibrate-shard": (lambda: qdqgraph.calibrate(mp, data, shard=3), "calibrate(shard=...)", "(i, n)"),
+        "fix-int": (lambda: qdqgraph.fix(123), "fix(model=...)", "onnx.ModelProto"),
+        "strip-path": (lambda: qdqgraph.strip_qdq(str(mp)), "strip_qdq(graph=...)", "qdqgraph.load(model).graph"),
+        "strip-model": (lambda: qdqgraph.strip_qdq(m), "strip_qdq(graph=...)", "not onnx.ModelProto"),
+    }
+
+
+@pytest.mark.parametrize("case", ["quantize-int", "quantize-bytes", "calib-array", "calib-int", "calib-npzfile",
+                                  "calib-keys", "config-str", "config-dict", "calib-cache-int", "calibrate-int",
+                                  "calibrate-none", "calibrate-shard", "fix-int", "strip-path", "strip-model"])
+def test_26_api_answers_wrong_types_naming_the_parameter(model_and_data, monkeypatch, case):
+    import motifs
+    mp, _ = model_and_data
+    call, parameter, accepts = _api_cases(mp, motifs.sample_data(onnx.load(str(mp))))[case]
+    no_sessions(monkeypatch)                          # checked before any work
+    with pytest.raises(TypeError) as info:            # a TypeError and a QdqError at once
+        call()
+    e = info.value
+    assert isinstance(e, QdqError) and e.fix
+    text = str(e)
+    assert parameter in text and accepts in text, text
+    assert "--" not in text and "pathlib" not in text and "expected str, bytes" not in text   # API words only
+
+
+def test_26_api_still_takes_what_it_documents(model_and_data):
+    import qdqgraph
+    import motifs
+    mp, dp = model_and_data
+    m = onnx.load(str(mp))
+    data = motifs.sample_data(m)
+    assert qdqgraph.quantize(m, calib=data, config=qdqgraph.QuantizeConfig(method="max")).model is not None
+    assert qdqgraph.quantize(mp, calib=str(dp), method="max").model is not None
+    assert qdqgraph.calibrate(str(mp), dp, method="max", shard=(1, 2)).shard == "1/2"

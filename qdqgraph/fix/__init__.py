@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from .. import io
+from .. import api_checks, io
 from ..calibration import calibrate_plan
 from ..config import QuantizeConfig, config_from
 from ..errors import InvariantError, QdqError
@@ -64,6 +64,7 @@ def fix(model, calib=None, *, config: QuantizeConfig | None = None, high_precisi
     `quantize` (rules, exclude_ops, exclude_nodes, include_nodes, method, ...); the precision is the
     model's. `high_precision`: "keep" (default) leaves the float parts in the types the model has,
     so scales are written bit for bit; fp16/bf16/fp32 retype them as `insert` does."""
+    api_checks.fix(model, calib, config)
     if high_precision not in FIX_HIGH_PRECISIONS:
         raise QdqError(f"unknown high precision {high_precision!r}", f"use one of {', '.join(FIX_HIGH_PRECISIONS)}")
     with fewer_collections():

@@ -5,6 +5,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from .. import api_checks
 from ..ops import CAST, DEQUANTIZE, QUANTIZE
 from ..view import GraphView
 from .base import PassResult, result
@@ -73,6 +74,7 @@ def strip_qdq(graph: gs.Graph) -> PassResult:
     (how many DequantizeLinear nodes went), `casts`. Modifies `graph`. In a model with FP16 islands the result
     keeps their types: where a Q's input and its DQ's output differ in type, a Cast takes the DQ's
     place."""
+    api_checks.graph(graph, "strip_qdq")
     view = GraphView(graph)
     removed = 0
     casts: dict = {}
