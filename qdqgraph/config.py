@@ -18,6 +18,7 @@ from .errors import QdqError
 from .formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
 from .passes.insert import WEIGHT_FORMATS
 from .passes.precision import HIGH_PRECISIONS
+from .trtsim.rules import TARGETS
 from .placement.plan import Selection
 
 # The calibration method and percentile: the best across the model zoo (docs/ACCURACY.md).
@@ -115,6 +116,7 @@ class QuantizeConfig:
     int4_method: str = "awq"                   # int4: rtn | awq (activation-aware, needs data)
     weights: str = "int8"
     high_precision: str = "fp16"
+    target: str = "tensorrt"                   # the compiler placed and predicted for: tensorrt | tensorrt-rtx
     # recipes
     bias_correction: bool = False
     smooth_quant: float | None = None          # SmoothQuant alpha in [0, 1], one for the whole model
@@ -184,6 +186,8 @@ class QuantizeConfig:
         if self.smooth_quant is not None:
             _number("--smooth-quant", self.smooth_quant, 0.0, 1.0,
                     fix=f"pass an alpha in [0, 1] (default {DEFAULT_SMOOTH_ALPHA})")
+        if self.target not in TARGETS:
+            raise QdqError(f"unknown target {self.target!r}", f"use one of {', '.join(TARGETS)}")
         if self.require_int8 is not None:
             _number("--require-int8", self.require_int8, 0.0, 100.0,
                     fix="pass a percentage of the weighted FLOPs in [0, 100], e.g. --require-int8 50")

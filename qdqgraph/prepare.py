@@ -75,7 +75,7 @@ def clean(loaded: io.Loaded) -> list[PassResult]:
 def plan_for(loaded: io.Loaded, config: QuantizeConfig, float_nodes: tuple = ()) -> Plan:
     """The placement plan of the (cleaned) graph as it is now, small INT8 regions returned to float
     (P14, qdqgraph.placement.refine); `float_nodes`: (node, why) the fallback returns to float."""
-    ruleset = load_ruleset(config.rules, config.precision)
+    ruleset = load_ruleset(config.rules, config.precision, config.target)
     selection = config.selection(float_nodes)
     return refine(loaded.graph, plan_placement(loaded.graph, ruleset, selection), ruleset, selection)
 

@@ -229,14 +229,15 @@ class InsertReport(RunLog):
             lines.append(f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
                          f"casts, {len(p['kept_fp32'])} nodes kept fp32); in onnxruntime, run it with "
                          f"disabled_optimizers={_ort_disabled(precision)} (README, Deployment)")
+        compiler = "TensorRT for RTX" if (self.tensorrt or {}).get("target") == "tensorrt-rtx" else "TensorRT"
         if self.tensorrt and self.int4:
             t = self.tensorrt
-            lines.append(f"TensorRT prediction: {t['layers']} layers, {t.get('int4_weight_layers', 0)} GEMMs with INT4 "
+            lines.append(f"{compiler} prediction: {t['layers']} layers, {t.get('int4_weight_layers', 0)} GEMMs with INT4 "
                          f"weights (weight-only: they run in the float type of their activations), "
                          f"{t['reformats']} reformats")
         elif self.tensorrt:
             t = self.tensorrt
-            lines.append(f"TensorRT prediction: {t['layers']} layers, {t['int8_layers']} {q}, {t['float_layers']} "
+            lines.append(f"{compiler} prediction: {t['layers']} layers, {t['int8_layers']} {q}, {t['float_layers']} "
                          f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "
                          f"{q} FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)")
             lines += _reformat_lines(t.get("inner_reformats", []), max_examples)

@@ -80,12 +80,20 @@ def add_placement(p, require_int8: bool = False):
                    help="make a model input a constant (a number, or a comma-separated list for a 1-D input), so the "
                         "If nodes it selects are decided and their taken branch quantized; the written model no "
                         "longer has that input (repeatable)")
+    add_target(g)
     if require_int8:
         g.add_argument("--require-int8", type=float, metavar="PCT",
                        help="exit 2 and write nothing when TensorRT would run less than PCT%% of the weighted "
                             "FLOPs in INT8 (FP8 with --precision fp8), as the summary's prediction counts them; "
                             "without it, a plan that quantizes little of a model with convolutions or GEMMs is "
                             "a warning")
+    return g
+
+
+def add_target(g):
+    g.add_argument("--target", choices=("tensorrt", "tensorrt-rtx"), default="tensorrt",
+                   help="the compiler to place for and predict: datacenter TensorRT, or TensorRT for RTX (its "
+                        "rules in rules/tensorrt_rtx/ and rules/placement_tensorrt_rtx.toml)")
     return g
 
 
@@ -173,7 +181,7 @@ def config(args, **extra) -> QuantizeConfig:
                  exclude_ops=tuple(args.exclude_op), exclude_nodes=tuple(args.exclude_node),
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
     for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
-                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8"):
+                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8", "target"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
     if hasattr(args, "output_aware"):
@@ -188,6 +196,6 @@ def at_least(value, name: str, minimum: int) -> None:
 
 
 __all__ = ["Formatter", "Parser", "UsageError", "add_calibration", "add_placement", "add_runtime", "add_shapes",
-           "add_engine", "add_output", "config", "providers", "check_providers", "fixed_inputs", "at_least",
+           "add_engine", "add_output", "add_target", "config", "providers", "check_providers", "fixed_inputs", "at_least",
            "WEIGHT_FORMATS", "HIGH_PRECISIONS", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "INT4_METHODS", "DEFAULT_SMOOTH_ALPHA", "DEFAULT_SENSITIVITY_SAMPLES",
            "ATTENTION_MODES", "ATTENTION_MAX_LOSS_DB"]

@@ -49,20 +49,24 @@ def check_engine_args(args):
     return choose(args.backend)
 
 
-def comparison(sim, engine) -> str:
-    """The compiled engine against the prediction: compute kernels for a compiler listing (layers with
-    a qdqgraph kind), layer by layer for datacenter TensorRT's inspector JSON."""
+def comparison(sim, engine) -> tuple[str, dict]:
+    """The compiled engine against the prediction, as text and as a dict: compute kernels and
+    standalone quantize kernels for a compiler listing (layers with a qdqgraph kind), layer by layer
+    for datacenter TensorRT's inspector JSON."""
     from ..trtsim import diff, kernel_agreement
+    from ..trtsim.diff import standalone_kernels
     if any(e.kind for e in engine.layers):
-        return kernel_agreement(sim, engine).table()
-    return diff(sim, engine).table()
+        agreement = kernel_agreement(sim, engine)
+        predicted, compiled = len(sim.reformats), len(standalone_kernels(sim, engine))
+        text = (agreement.table() + f"\nstandalone quantize kernels: predicted {predicted}, compiled {compiled}")
+        return text, dict(agreement.to_dict(), reformats={"predicted": predicted, "compiled": compiled})
+    d = diff(sim, engine)
+    return d.table(), d.to_dict()
 
 
-def _layer_json(result, sim) -> str:
-    from ..trtsim import kernel_agreement
+def _layer_json(result, check: dict) -> str:
     doc = {"backend": result.backend, "version": result.version, "targets": result.targets,
-           "Layers": [e.to_trt_json() for e in result.engine.layers],
-           "check": kernel_agreement(sim, result.engine).to_dict()}
+           "Layers": [e.to_trt_json() for e in result.engine.layers], "check": check}
     return json.dumps(doc, indent=1) + "\n"
 
 
@@ -76,7 +80,7 @@ def build_and_check(model_path: Path, plan: Path, args, loaded, data=None, backe
     shapes = engine_profiles(args, loaded, data)
     for p in shapes.values():
         print(f"profile {p.trtexec()}")
-    sim = simulate(loaded.graph)
+    sim = simulate(loaded.graph, target=backend.NAME)
     options = BuildOptions(profiles=shapes, timing_cache=args.timing_cache, workspace_mb=args.workspace,
                            compute_capabilities=targets.parse(args.compute_capability),
                            formats=frozenset(sim.quantized.split("+")) if sim.summary["int8_layers"] or
@@ -93,9 +97,10 @@ def build_and_check(model_path: Path, plan: Path, args, loaded, data=None, backe
     for w in result.warnings:
         print(f"compiler warning: {w}")
     if result.engine is not None:
-        print(comparison(sim, result.engine))
+        text, check = comparison(sim, result.engine)
+        print(text)
         if args.layer_info:
-            outputs.write_text(Path(args.layer_info), _layer_json(result, sim), force=args.force)
+            outputs.write_text(Path(args.layer_info), _layer_json(result, check), force=args.force)
             print(f"wrote {args.layer_info}")
     elif args.layer_info:
         raise QdqError(f"engine written to {result.plan}; --layer-info not written: {result.engine_note}",

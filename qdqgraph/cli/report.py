@@ -1,13 +1,16 @@
 """`qdqgraph report`: what TensorRT is predicted to build from any Q/DQ model, and the linter."""
 from __future__ import annotations
 
+import json
+
 from .. import outputs
 from . import args as a
 
 EXAMPLES = """examples:
   qdqgraph report model.qdq.onnx                          # layers, precisions, reformats, findings
   qdqgraph report model.qdq.onnx --json sim.json --graph fused.onnx
-  qdqgraph report model.qdq.onnx --against layers.json    # trtexec --exportLayerInfo, diffed
+  qdqgraph report model.qdq.onnx --against layers.json    # qdqgraph build --layer-info (or trtexec's), compared
+  qdqgraph report model.qdq.onnx --target tensorrt-rtx --json r.json   # TensorRT for RTX's engine
   qdqgraph report model.qdq.onnx --strict                 # exit 3 when the linter finds a problem
 """
 
@@ -21,7 +24,10 @@ def add(sub) -> None:
     g = p.add_argument_group("input")
     g.add_argument("model", help="a Q/DQ ONNX model (qdqgraph's, Model Optimizer's, onnxruntime's, a QAT export)")
     g.add_argument("--against", metavar="LAYERS.json",
-                   help="TensorRT layer information (trtexec --exportLayerInfo, or the engine inspector's JSON)")
+                   help="a compiled engine's layers: qdqgraph build --layer-info, trtexec --exportLayerInfo, or "
+                        "the engine inspector's JSON")
+    g.add_argument("--target", choices=("tensorrt", "tensorrt-rtx"),
+                   help="the compiler to predict (default: the one that built --against, else tensorrt)")
     g = a.add_output(p)
     g.add_argument("--json", metavar="FILE", help="write the simulation report as JSON")
     g.add_argument("--graph", metavar="FILE", help="write the fused-layer graph as ONNX (opens in Netron)")
@@ -38,17 +44,21 @@ def run(args) -> int:
     json_path = plan.output(args.json, "--json")
     graph_path = plan.output(args.graph, "--graph")
     engine = read_engine_report(args.against) if args.against else None
+    target = args.target or (engine.backend if engine is not None and engine.backend else "tensorrt")
     loaded = io.load(args.model)
-    sim = simulate(loaded.graph)
-    diagnostics = lint(loaded.graph, sim, region=load_ruleset().region)
+    sim = simulate(loaded.graph, target=target)
+    diagnostics = lint(loaded.graph, sim, region=load_ruleset(target=target).region)
     print(sim.table().splitlines()[-1] if args.quiet else sim.table())
     for d in diagnostics:
         print(d)
+    against = None
     if engine is not None:
         from .build import comparison
-        print(comparison(sim, engine))
+        text, against = comparison(sim, engine)
+        print(text)
     if json_path:
-        outputs.write_text(json_path, sim.to_json() + "\n", force=args.force)
+        doc = dict(sim.to_dict(), target=target, **({"against": against} if against is not None else {}))
+        outputs.write_text(json_path, json.dumps(doc, indent=1) + "\n", force=args.force)
     if graph_path:
         io.save(sim.to_onnx(), graph_path, force=args.force)
     return 3 if args.strict and diagnostics else 0

@@ -197,6 +197,33 @@ def c_is_tiny_conv(ctx, node, arg):
     return hit(f"{ic} in / {oc} out channels (< 16), kernel {list(kernel)}, group {group}")
 
 
+@CONDITIONS.register("on_squeeze_branch")
+def c_on_squeeze_branch(ctx, node, arg):
+    """The op computes on the global pool of a tensor another op also reads, through at most a few
+    weighted or pointwise ops: the squeeze and excite convs of a squeeze-excite block (the gate
+    multiplies the pooled tensor)."""
+    v = ctx.graph
+    t = _inp(node, 0)
+    for _ in range(6):
+        p = v.producer(t) if t is not None else None
+        if p is None:
+            break
+        if v.vocab.is_(p, "avg_pool") or v.vocab.is_(p, "reduce_mean"):
+            x = _inp(p, 0)
+            readers = [c for c, _ in v.consumers(x)] if x is not None else []
+            if len(readers) < 2:
+                return miss(f"the pool {p.name} reads '{x.name if x is not None else '?'}', which nothing else reads")
+            return hit(f"it computes on {p.name}, a pool of '{x.name}', which {len(readers) - 1} other op(s) also read")
+        data = list({i.name: i for i in p.inputs if i.name and not v.is_constant(i)}.values())
+        if len(data) == 2:                        # x * sigmoid(x): follow x
+            gates = [d for d in data if (q := v.producer(d)) is not None and any(_inp(q, 0) is o for o in data)]
+            data = [d for d in data if d not in gates] if len(gates) == 1 else data
+        if len(data) != 1 or not any(v.vocab.is_(p, c) for c in ("weighted", "elementwise", "epilogue")):
+            break
+        t = data[0]
+    return miss("no global pool of a shared tensor before it")
+
+
 @CONDITIONS.register("fp8_conv_shape")
 def c_fp8_conv_shape(ctx, node, arg):
     """A Conv TensorRT's FP8 kernels take: more than 16 input and output channels and a filter of

@@ -17,6 +17,7 @@ from ..passes.insert import Insertion, insert_qdq, planned_insertions
 from ..trtsim import SimReport, simulate
 from ..trtsim.ir import DQ, Q, QParams, SimGraph, SNode, STensor
 from ..trtsim.regions import costly_regions
+from ..trtsim.rules import load_sim_rules
 from ..trtsim.simulate import simulate_graph
 from ..view import GraphView
 from .plan import Plan, Selection
@@ -24,7 +25,7 @@ from .planner import plan_placement
 from .ruleset import RegionRule, RuleSet
 
 
-def predict(graph: gs.Graph, plan: Plan) -> SimReport:
+def predict(graph: gs.Graph, plan: Plan, target: str = "tensorrt") -> SimReport:
     """The simulator's prediction for `plan` on `graph` (which is not changed), every activation
     at amax 1. The Q/DQ that insertion would write are added to the simulator's own copy of the
     graph, with the same names and parameters, instead of to a copy of `graph`."""
@@ -34,10 +35,10 @@ def predict(graph: gs.Graph, plan: Plan) -> SimReport:
     if any(name not in g.nodes for ins in insertions for name, _ in ins.site.edges):
         copy = graph.copy()               # nodes without unique names: insert for real, then read
         insert_qdq(copy, plan, {rep: 1.0 for rep in plan.groups()})
-        return simulate(copy)
+        return simulate(copy, target=target)
     for ins in insertions:
         _add(g, ins)
-    return simulate_graph(g)
+    return simulate_graph(g, load_sim_rules(target=target))
 
 
 def _add(g: SimGraph, ins: Insertion) -> None:
@@ -91,12 +92,12 @@ def refine(graph: gs.Graph, plan: Plan, ruleset: RuleSet, selection: Selection) 
     rule = ruleset.region
     if rule is None or rule.max_flops_share <= 0 or not plan.activation_sites():
         return plan
-    before = predict(graph, plan)
+    before = predict(graph, plan, ruleset.target)
     nodes = region_nodes(before, plan, rule, selection)
     if not nodes:
         return plan
     smaller = plan_placement(graph, ruleset, replace(selection, region_nodes=nodes))
-    after = predict(graph, smaller)
+    after = predict(graph, smaller, ruleset.target)
     if after.summary["reformats_inside"] < before.summary["reformats_inside"]:
         return smaller
     return plan

@@ -67,6 +67,7 @@ class RuleSet:
     rules: tuple[Rule, ...]
     by_id: dict = field(default_factory=dict, compare=False)
     region: RegionRule | None = None      # the [[region]] rule in force (a user file's first)
+    target: str = "tensorrt"              # the compiler the plan is for (its simulator rules judge P14)
 
     def stage(self, n: int) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.stage == n)
@@ -164,17 +165,20 @@ def _region(t: Table) -> RegionRule:
 
 
 PRECISION_FILES = {"fp8": "fp8.toml", "int4": "int4.toml"}     # where a precision's placement differs from INT8's
+TARGET_FILES = {"tensorrt-rtx": "placement_tensorrt_rtx.toml"}  # where a compiler's placement differs
 
 
-def load_ruleset(extra: list[str | Path] | tuple = (), precision: str = "int8") -> RuleSet:
+def load_ruleset(extra: list[str | Path] | tuple = (), precision: str = "int8", target: str = "tensorrt") -> RuleSet:
     """The bundled rules plus users' files; a user rule replaces a bundled one with the same id and
-    otherwise comes first. A precision's own file (rules/fp8.toml, int4.toml) is read between the two, as a
-    user's file would be: its tables replace the placement tables of the same id."""
+    otherwise comes first. A precision's own file (rules/fp8.toml, int4.toml) and a target's own
+    (rules/placement_tensorrt_rtx.toml) are read between the two, as a user's file would be: their
+    tables replace the placement tables of the same id."""
     vocab = vocabulary()
     layer = [bundled(PRECISION_FILES[precision])] if precision in PRECISION_FILES else []
+    layer += [bundled(TARGET_FILES[target])] if target in TARGET_FILES else []
     tables = load_tables([Path(p) for p in extra] + layer + [bundled("placement.toml")], SPECS, bundled=1)
     rules = [_rule(t, vocab) for t in tables if t.kind != "region"]
     regions = [_region(t) for t in tables if t.kind == "region"]
     return RuleSet(exclusions=tuple(r for r in rules if r.is_exclusion),
                    rules=tuple(r for r in rules if not r.is_exclusion),
-                   by_id={r.id: r for r in rules}, region=regions[0] if regions else None)
+                   by_id={r.id: r for r in rules}, region=regions[0] if regions else None, target=target)

@@ -97,7 +97,7 @@ class Conditions:
             negated, name, arg = parse(cond)
             m = self._by_name[name].fn(ctx, node, arg)
             if negated:
-                m = miss(f"{cond[4:]} holds") if m.ok else hit()
+                m = miss(f"{cond[4:]} holds" + (f" ({m.reason})" if m.reason else "")) if m.ok else hit()
             if not m.ok:
                 return m
             if m.reason:

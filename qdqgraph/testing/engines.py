@@ -17,6 +17,7 @@ from ..config import QuantizeConfig
 from ..errors import QdqError
 from ..prepare import model_inputs, read_data
 from ..trtsim import kernel_agreement, simulate
+from ..trtsim.diff import standalone_kernels
 
 # variant -> QuantizeConfig keywords (None: the float model as it is)
 VARIANTS: dict[str, dict | None] = {
@@ -39,16 +40,18 @@ class Built:
     kernels: int = 0
     agreement: dict = field(default_factory=dict)
     not_quantized: list[str] = field(default_factory=list)   # kernels predicted quantized, compiled float
+    quantize_kernels: tuple[int, int] = (0, 0)               # standalone quantize kernels: predicted, compiled
     warnings: list[str] = field(default_factory=list)
     skipped: str = ""                    # why this variant does not apply to the model
 
     def row(self) -> str:
         if self.skipped:
-            return f"| {self.model} | {self.variant} | - | - | - | - | {self.skipped} |"
+            return f"| {self.model} | {self.variant} | - | - | - | - | - | {self.skipped} |"
         a = self.agreement
         share = f"{a['agree']}/{a['compute_kernels']}" if a else "-"
         return (f"| {self.model} | {self.variant} | {self.insert_seconds:.1f} | {self.seconds:.1f} | "
-                f"{self.engine_bytes / 1e6:.2f} | {share} | {len(self.warnings)} warning(s) |")
+                f"{self.engine_bytes / 1e6:.2f} | {share} | {self.quantize_kernels[0]} / {self.quantize_kernels[1]} | "
+                f"{len(self.warnings)} warning(s) |")
 
 
 def quantized_model(model: Path, calib: Path, variant: str) -> onnx.ModelProto:
@@ -80,7 +83,7 @@ def build_variant(model: Path, calib: Path, variant: str, out_dir: Path) -> Buil
     io.save(m, path, force=True)
     loaded = io.load(path)
     data = read_data(loaded, str(calib), QuantizeConfig())
-    sim = simulate(loaded.graph)
+    sim = simulate(loaded.graph, target=tensorrt_rtx.NAME)
     formats = frozenset(sim.quantized.split("+")) if sim.summary["int8_layers"] or sim.int4_weight_layers \
         else frozenset()
     plan = path.with_suffix(".engine")
@@ -92,6 +95,7 @@ def build_variant(model: Path, calib: Path, variant: str, out_dir: Path) -> Buil
         out.kernels = len(result.engine.layers)
         agreement = kernel_agreement(sim, result.engine)
         out.agreement = agreement.summary()
+        out.quantize_kernels = (len(sim.reformats), len(standalone_kernels(sim, result.engine)))
         out.not_quantized = [c.kernel for c in agreement.checks
                              if c.predicted == "quantized" and c.compiled not in ("int8", "fp8", "int4")]
     return out

@@ -243,6 +243,37 @@ def c_dequantized_inputs(ctx, node, arg):
     return hit()
 
 
+@CONDITIONS.register("pointwise_layer")
+def c_pointwise_layer(ctx, node, arg):
+    """The layer the node would join is a pointwise one (elementwise math or an activation), which a
+    generated kernel computes element by element."""
+    layer = ctx.layer
+    if layer is None:
+        return miss("not reached from a layer")
+    g, anchor = ctx.graph, layer.anchor
+    if g.vocab.is_(anchor, "elementwise") or g.vocab.is_(anchor, "epilogue"):
+        return hit()
+    return miss(f"{_desc(anchor)} is not pointwise")
+
+
+@CONDITIONS.register("input_shared")
+def c_input_shared(ctx, node, arg):
+    """The op's dequantized input is read by another op too: the DQ's output has other consumers,
+    or the tensor its Q quantizes does (a squeeze-excite block's pool reads the tensor the gate
+    multiplies)."""
+    g = ctx.graph
+    for t in g.data_inputs(node):
+        others = [c for c, _ in g.data_consumers(t) if c is not node]
+        p = g.producer(t)
+        if not others and p is not None and p.role == DQ:
+            q = g.producer(p.inputs[0])
+            if q is not None and q.role == Q and q.inputs:
+                others = [c for c, _ in g.data_consumers(q.inputs[0]) if c is not q]
+        if others:
+            return hit(f"{t} is also read by {', '.join(_desc(c) for c in others[:2])}")
+    return miss("no other op reads its input")
+
+
 # ---------------------------------------------------------------------------- epilogues (F2, F3)
 
 @CONDITIONS.register("sole_consumer")

@@ -128,6 +128,7 @@ class EngineLayer:
 class EngineReport:
     layers: list[EngineLayer]
     source: str = ""
+    backend: str = ""        # the compiler that built it, where qdqgraph's layer JSON says
 
     @property
     def reformats(self) -> list[EngineLayer]:
@@ -201,7 +202,8 @@ def parse_engine_info(data, source: str = "") -> EngineReport:
                                    fused=_strings(item, "Fused", at), shapes=shapes))
         else:
             raise QdqError(f"{where}: layer {k} is neither a name nor an object with a string \"Name\"", _FIX)
-    return EngineReport(out, source)
+    backend = data.get("backend") if isinstance(data, dict) else None
+    return EngineReport(out, source, backend if isinstance(backend, str) else "")
 
 
 def read_engine_report(path) -> EngineReport:

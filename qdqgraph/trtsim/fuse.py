@@ -258,12 +258,20 @@ class Fuser:
         layer.out = outs[0] if outs else ""
         layer.extra_outputs = outs[1:]
         layer.out_int8 = node.int8
+        if action == "float" and layer.out and self.rules.for_action("float_output_q"):
+            for q in [c for c, _ in g.consumers(layer.out) if c.role == Q and c.name not in self.owner]:
+                taken = self.first("float_output_q", q, layer, layer.out)
+                if taken is not None:
+                    self.own(layer, q, taken.id)
+                    layer.out, layer.out_int8 = q.outputs[0], True
+                    break
         self.layers.append(layer)
         return True
 
     def reformats(self):
         g = self.g
         rule = self.rules.rule("reformat")
+        absorbing = bool(self.rules.for_action("dq_absorbed"))
         shared: dict[tuple, LayerBuild] = {}     # (int8 tensor, parameters) -> the Reformat of those DQs
         for n in g.order():
             if n.name in self.owner or n.role not in (Q, DQ, REQUANT):
@@ -273,6 +281,12 @@ class Fuser:
                 left = edges - self.absorbed.get(n.name, set())
                 if not left and not g.is_graph_output(n.outputs[0]):
                     continue
+                if absorbing and not g.is_graph_output(n.outputs[0]):
+                    into = self.first("dq_absorbed", n)
+                    if into is not None:
+                        self.trace.fired(into.id, n.origin, f"{', '.join(sorted(c for c, _ in left))} "
+                                                            "read it as they compute")
+                        continue
                 for c_name, _ in sorted(left):
                     owner = self.owner.get(c_name)
                     where = f"the {owner.rule} layer of {owner.anchor.name}" if owner else g.nodes[c_name].op

@@ -9,6 +9,7 @@ errors that name the file, the line and the rule id.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from ..errors import QdqError
@@ -40,6 +41,8 @@ ACTIONS = {
     "int8_copy": "data movement on INT8 data runs as its own INT8 layer",
     "pointwise": "a chain of float pointwise ops runs as one float layer",
     "float": "any other op runs in the float type of its tensors",
+    "float_output_q": "a Q after a float pointwise layer is its last step: the generated kernel rounds as it writes (TensorRT for RTX)",
+    "dq_absorbed": "a DQ read only by float layers costs no kernel: they dequantize as they read (TensorRT for RTX)",
     "reformat": "a Q or DQ that nothing absorbed runs as a standalone Reformat",
 }
 SPECS = {"rule": TableSpec({"action": "str", "op": "str", "when": "str_list"},
@@ -89,14 +92,36 @@ def sim_rule(t: Table, conditions: Conditions) -> SimRule:
     return SimRule(t.id, t.doc, t.ref, action, op, when, t.source)
 
 
-def rule_files() -> list:
-    return bundled_files("tensorrt")
+# compiler -> the bundled folders of its rules: the datacenter rules, and for TensorRT for RTX an overlay
+# whose rules replace those with the same id (or come first within their action)
+TARGETS = {"tensorrt": ("tensorrt",), "tensorrt-rtx": ("tensorrt_rtx", "tensorrt")}
 
 
-def load_sim_rules(extra: list | tuple = (), conditions: Conditions | None = None) -> SimRuleSet:
-    """The bundled rules/tensorrt/*.toml plus users' files; a user rule replaces a bundled one with
-    the same id, otherwise comes first within its action."""
-    bundled = rule_files()
-    tables = load_tables([Path(p) for p in extra] + bundled, SPECS, bundled=len(bundled))
+def rule_files(target: str = "tensorrt") -> list:
+    """The bundled rule files of `target`, its overlay first."""
+    if target not in TARGETS:
+        raise QdqError(f"unknown target {target!r}", "use one of " + ", ".join(TARGETS))
+    return [f for folder in TARGETS[target] for f in bundled_files(folder)]
+
+
+def load_sim_rules(extra: list | tuple = (), conditions: Conditions | None = None,
+                   target: str = "tensorrt") -> SimRuleSet:
+    """The bundled rules of `target` (rules/tensorrt/*.toml, under rules/tensorrt_rtx/ for TensorRT
+    for RTX) plus users' files; a user rule replaces a bundled one with the same id, otherwise comes
+    first within its action. The bundled rules alone are read once per target."""
+    if not extra and conditions is None:
+        return _bundled_rules(target)
+    return _load(tuple(extra), conditions, target)
+
+
+@lru_cache(maxsize=4)
+def _bundled_rules(target: str) -> SimRuleSet:
+    return _load((), None, target)
+
+
+def _load(extra: tuple, conditions: Conditions | None, target: str) -> SimRuleSet:
+    files = rule_files(target)
+    base = len(bundled_files("tensorrt"))          # the overlay replaces by id, as a user's file does
+    tables = load_tables([Path(p) for p in extra] + files, SPECS, bundled=base)
     rules = tuple(sim_rule(t, conditions or CONDITIONS) for t in tables)
     return SimRuleSet(rules, {r.id: r for r in rules})

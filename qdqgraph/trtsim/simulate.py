@@ -27,9 +27,10 @@ def as_graph(model) -> gs.Graph:
     return io.load(model).graph
 
 
-def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None) -> SimReport:
-    """Predict how TensorRT fuses a Q/DQ graph: layers, their precisions, and the reformats."""
-    return simulate_graph(SimGraph.from_gs(as_graph(model)), rules, bound)
+def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None, target: str = "tensorrt") -> SimReport:
+    """Predict how TensorRT (or, with target="tensorrt-rtx", TensorRT for RTX) fuses a Q/DQ graph:
+    layers, their precisions, and the reformats."""
+    return simulate_graph(SimGraph.from_gs(as_graph(model)), rules or load_sim_rules(target=target), bound)
 
 
 def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | None = None) -> SimReport:

@@ -1,0 +1,111 @@
+"""TensorRT for RTX as a target: the simulator's overlay (rules/tensorrt_rtx/), the placement overlay
+(rules/placement_tensorrt_rtx.toml), and both checked against the compiler on a squeeze-excite block."""
+import importlib.util
+import json
+
+import onnx
+import pytest
+
+import motifs
+import qdqgraph
+from qdqgraph.cli import main
+from qdqgraph.trtsim import simulate
+from qdqgraph.trtsim.rules import load_sim_rules, rule_files
+
+HAVE_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+
+
+def quantized(model, target):
+    return qdqgraph.quantize(model, motifs.sample_data(model), target=target).model
+
+
+@pytest.fixture(scope="module")
+def se():
+    m = motifs.se_block()
+    return {t: quantized(m, t) for t in ("tensorrt", "tensorrt-rtx")}
+
+
+def test_the_overlay_replaces_rules_by_id_and_keeps_the_rest():
+    base, rtx = load_sim_rules(), load_sim_rules(target="tensorrt-rtx")
+    overlay = {r.id for r in rtx.rules if "tensorrt_rtx" in r.source}
+    assert {"F4-pool", "F4-reduce-mean", "F2-output-q", "RTX-dq-into-float", "RTX-float-pointwise-q"} <= overlay
+    assert "input_shared" in " ".join(rtx.by_id["F4-pool"].when) and "input_shared" not in base.by_id["F4-pool"].when
+    assert len([r for r in rtx.rules if r.id == "F4-pool"]) == 1           # replaced, not added
+    assert set(base.by_id) - set(rtx.by_id) == set()
+    assert all(rtx.by_id[i] == base.by_id[i] for i in set(base.by_id) - overlay)
+    assert len(rule_files("tensorrt-rtx")) > len(rule_files("tensorrt"))
+    with pytest.raises(qdqgraph.QdqError, match="unknown target"):
+        rule_files("tensorrt-9")
+
+
+def test_a_pool_of_a_shared_tensor_runs_float_and_its_q_alone_on_rtx_only(se):
+    dc, rtx = simulate(se["tensorrt"]), simulate(se["tensorrt"], target="tensorrt-rtx")
+    assert [x.name for x in dc.reformats] == ["x_q"]
+    assert [x.name for x in rtx.reformats] == ["x_q", "gap_out_q"]
+    ok, why = rtx.explain("F4-pool", "gap")
+    assert not ok and "input_shared holds" in why and "also read by" in why
+    assert dc.explain("F4-pool", "gap")[0]
+    # the DQ the float pool reads costs no kernel on RTX; no rule of that action on the datacenter side
+    absorbed = [e for e in rtx.events if e["rule"] == "RTX-dq-into-float"]
+    assert absorbed and not any(e["rule"] == "RTX-dq-into-float" for e in dc.events)
+
+
+def pool_head():
+    """conv -> relu -> GlobalAveragePool -> 1x1 conv: the pool alone reads the relu (a ResNet head)."""
+    g = motifs.G("pool_head")
+    x = g.node("Relu", [g.conv(g.input("x", ["n", 16, 8, 8]), 16, 32, "conv")], name="relu")
+    p = g.node("GlobalAveragePool", [x], name="gap")
+    g.node("Conv", [p, g.weight("fc.w", (16, 32, 1, 1))], ["y"], name="fc", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
+def test_a_pool_read_by_nothing_else_stays_int8_on_rtx():
+    rtx = simulate(quantized(pool_head(), "tensorrt"), target="tensorrt-rtx")
+    assert rtx.explain("F4-pool", "gap")[0], rtx.table()
+    assert [x.name for x in rtx.reformats] == ["x_q"]
+
+
+def test_rtx_placement_keeps_the_squeeze_excite_branch_float(se):
+    decisions = {}
+    for t in ("tensorrt", "tensorrt-rtx"):
+        r = qdqgraph.quantize(motifs.se_block(), motifs.sample_data(motifs.se_block()), target=t)
+        decisions[t] = r.plan.decisions
+    rtx, dc = decisions["tensorrt-rtx"], decisions["tensorrt"]
+    for conv in ("se_reduce", "se_expand"):
+        assert dc[conv].quantized
+        assert not rtx[conv].quantized and rtx[conv].rule == "P10-rtx-squeeze-excite"
+        assert "global pool" in rtx[conv].reason or "pool" in rtx[conv].reason
+    assert rtx["conv"].quantized and rtx["head"].quantized
+    # and the float gate Mul rounds its own output on RTX: one standalone kernel left, the input's
+    sim = simulate(se["tensorrt-rtx"], target="tensorrt-rtx")
+    assert [x.name for x in sim.reformats] == ["x_q"]
+    assert sim.explain("RTX-float-pointwise-q", "se_mul_out_q")[0]
+
+
+def test_report_and_insert_take_the_target(se, tmp_path, capsys):
+    path = tmp_path / "se.onnx"
+    onnx.save(se["tensorrt"], path)
+    assert main(["report", str(path), "--target", "tensorrt-rtx", "--json", str(tmp_path / "r.json"), "--quiet"]) == 0
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["target"] == "tensorrt-rtx" and doc["summary"]["reformats"] == 2
+    src = tmp_path / "m.onnx"
+    onnx.save(motifs.se_block(), src)
+    import numpy as np
+    np.savez(tmp_path / "d.npz", **motifs.sample_data(motifs.se_block()))
+    assert main(["insert", str(src), "--calib", str(tmp_path / "d.npz"), "-o", str(tmp_path / "o.onnx"),
+                 "--target", "tensorrt-rtx"]) == 0
+    out = capsys.readouterr().out
+    assert "TensorRT for RTX prediction" in out and "P10-rtx-squeeze-excite" in out
+
+
+@pytest.mark.skipif(not HAVE_RTX, reason="needs TensorRT for RTX: pip install 'qdqgraph[rtx]'")
+@pytest.mark.parametrize("placement", ["tensorrt", "tensorrt-rtx"])
+def test_standalone_quantize_kernels_predicted_as_the_compiler_builds_them(se, placement, tmp_path, capsys):
+    path = tmp_path / "se.onnx"
+    onnx.save(se[placement], path)
+    assert main(["build", str(path), "-o", str(tmp_path / "se.engine"), "--shapes", "x:1x16x8x8",
+                 "--layer-info", str(tmp_path / "l.json")]) == 0
+    counts = json.loads((tmp_path / "l.json").read_text())["check"]["reformats"]
+    assert counts["predicted"] == counts["compiled"], counts
+    assert counts["compiled"] == (2 if placement == "tensorrt" else 1)
