@@ -18,6 +18,7 @@ from .errors import QdqError
 from .formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
 from .passes.insert import WEIGHT_FORMATS
 from .passes.precision import HIGH_PRECISIONS
+from .estimate import gpu as known_gpu
 from .trtsim.rules import TARGETS
 from .placement.plan import Selection
 
@@ -117,6 +118,8 @@ class QuantizeConfig:
     weights: str = "int8"
     high_precision: str = "fp16"
     target: str = "tensorrt"                   # the compiler placed and predicted for: tensorrt | tensorrt-rtx
+    gpu: str | None = None                     # the GPU of the summary's speed estimate (rules/gpus.toml);
+                                               # None: trtsim.latency.DEFAULT_GPU of the target
     # recipes
     bias_correction: bool = False
     smooth_quant: float | None = None          # SmoothQuant alpha in [0, 1], one for the whole model
@@ -188,6 +191,8 @@ class QuantizeConfig:
                     fix=f"pass an alpha in [0, 1] (default {DEFAULT_SMOOTH_ALPHA})")
         if self.target not in TARGETS:
             raise QdqError(f"unknown target {self.target!r}", f"use one of {', '.join(TARGETS)}")
+        if self.gpu is not None:
+            known_gpu(self.gpu)                    # one line naming the GPUs it knows
         if self.require_int8 is not None:
             _number("--require-int8", self.require_int8, 0.0, 100.0,
                     fix="pass a percentage of the weighted FLOPs in [0, 100], e.g. --require-int8 50")

@@ -39,6 +39,8 @@ from .report import InsertReport
 from .runtime import register_custom_ops
 from .sensitivity import choose_fallback, measure
 from .trtsim import simulate
+from .passes.strip import strip_qdq
+from .trtsim.latency import DEFAULT_GPU, speed_line
 from .trtsim.regions import inner_reformats
 from .view import GraphView
 
@@ -203,7 +205,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
     model_out, final = _deploy(loaded, inserted["provenance"], cfg, data if is_real(calib) else None, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target)
+        _predict(final, report, cfg.target, cfg.gpu)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
     little = advice.warning(loaded.graph, plan, report.tensorrt, label(cfg.precision))
     if little:
@@ -268,7 +270,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
     provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
     model_out, final = _deploy(loaded, provenance, cfg, data, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target)
+        _predict(final, report, cfg.target, cfg.gpu)
     return Result(model_out, plan, report, cfg)
 
 
@@ -414,12 +416,15 @@ def _check_raised(model: onnx.ModelProto, high_precision: str, report: InsertRep
                            f"({first}); the written model declares the shapes inference finds")
 
 
-def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt") -> None:
+def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", gpu: str | None = None) -> None:
     """The simulator's prediction for the written model, into the report. A simulator failure
     must not cost the user the model: it becomes a warning naming the error."""
     try:
         sim = simulate(loaded.graph, target=target)
         report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
+        float_graph = loaded.graph.copy()          # the FP16 engine of the same model, for the speed line
+        strip_qdq(float_graph)
+        report.tensorrt["speed"] = speed_line(sim, simulate(float_graph, target=target), gpu or DEFAULT_GPU[target])
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
                                f"written; please report this")

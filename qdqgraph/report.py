@@ -241,6 +241,8 @@ class InsertReport(RunLog):
                          f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "
                          f"{q} FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)")
             lines += _reformat_lines(t.get("inner_reformats", []), max_examples)
+            if t.get("speed"):
+                lines.append(f"speed: {t['speed']}")
         if self.fallback:
             fb = self.fallback
             lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all {q} -> {fb['final_db']:.1f} dB with "

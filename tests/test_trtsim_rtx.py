@@ -109,3 +109,20 @@ def test_standalone_quantize_kernels_predicted_as_the_compiler_builds_them(se, p
     counts = json.loads((tmp_path / "l.json").read_text())["check"]["reformats"]
     assert counts["predicted"] == counts["compiled"], counts
     assert counts["compiled"] == (2 if placement == "tensorrt" else 1)
+
+
+def test_insert_summary_says_whether_int8_beats_fp16_on_a_named_gpu(tmp_path, capsys):
+    import numpy as np
+    m = motifs.residual_add()
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", **motifs.sample_data(m))
+    base = ["insert", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "d.npz"), "-o", str(tmp_path / "o.onnx"),
+            "--force"]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert "speed: INT8 estimated" in out and "FP16 on NVIDIA A100" in out
+    assert main(base + ["--target", "tensorrt-rtx", "--gpu", "l4"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("speed:"))
+    assert "FP16 on NVIDIA L4" in line and "roofline estimate, not a measurement" in line
+    assert main(base + ["--gpu", "h200"]) == 2
+    assert "unknown GPU 'h200'" in capsys.readouterr().err

@@ -94,6 +94,9 @@ def add_target(g):
     g.add_argument("--target", choices=("tensorrt", "tensorrt-rtx"), default="tensorrt",
                    help="the compiler to place for and predict: datacenter TensorRT, or TensorRT for RTX (its "
                         "rules in rules/tensorrt_rtx/ and rules/placement_tensorrt_rtx.toml)")
+    g.add_argument("--gpu", metavar="NAME",
+                   help="the GPU of the summary's speed estimate against FP16 (qdqgraph estimate --gpu list; "
+                        "default a100-sxm4-80gb for tensorrt, rtx-4090 for tensorrt-rtx)")
     return g
 
 
@@ -181,7 +184,7 @@ def config(args, **extra) -> QuantizeConfig:
                  exclude_ops=tuple(args.exclude_op), exclude_nodes=tuple(args.exclude_node),
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
     for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
-                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8", "target"):
+                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8", "target", "gpu"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
     if hasattr(args, "output_aware"):

@@ -26,6 +26,7 @@ VARIANTS: dict[str, dict | None] = {
     "fp8": {"precision": "fp8"},
     "int4": {"precision": "int4"},
     "int8-fp32": {"high_precision": "fp32"},
+    "int8-rtx": {"target": "tensorrt-rtx"},       # placed for TensorRT for RTX
 }
 
 

@@ -90,3 +90,8 @@ def speed_line(quantized: SimReport, float_engine: SimReport, gpu_name: str) -> 
     verdict = f"{ratio:.2f}x faster than" if ratio >= 1 else f"{1 / ratio:.2f}x slower than"
     return (f"{label} estimated {verdict} FP16 on {q.gpu.title} ({q.total_ms:.3f} vs {f.total_ms:.3f} ms; "
             f"roofline estimate, not a measurement)")
+
+
+# the GPU a summary's estimate names when the user names none: one each compiler targets
+DEFAULT_GPU = {"tensorrt": "a100-sxm4-80gb", "tensorrt-rtx": "rtx-4090"}
+
