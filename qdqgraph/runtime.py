@@ -107,17 +107,16 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
             values = [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()]
             opts.add_external_initializers(list(weights), values)
-            sess = ort.InferenceSession(blob, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+            sess = _inference_session(blob, opts, providers)
             sess._qdqgraph_weights = (weights, values)
             return sess
         if weights:                      # the rest is still too large for one proto: write it all out
             model = io.fill_weights(light, weights)
         blob = io.session_bytes(model)
         if blob is not None:
-            return ort.InferenceSession(blob, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+            return _inference_session(blob, opts, providers)
         with tempfile.TemporaryDirectory() as d:
-            return ort.InferenceSession(io.save_temp(model, d), opts, providers=providers,
-                                        disabled_optimizers=DISABLED_OPTIMIZERS)
+            return _inference_session(io.save_temp(model, d), opts, providers)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         custom = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node
@@ -125,6 +124,30 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
         fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + ", or --calib-cache FILE"
                if custom else "check that the model runs in onnxruntime, or pass --calib-cache")
         raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
+
+
+# onnxruntime 1.31 (onnxruntime-gpu's newest release) refuses FP8 Q/DQ models at its extended
+# optimization level: its fusions (MatMulIntegerToFloat, and the Q/DQ moves through Squeeze and
+# Transpose) produce nodes whose schema has no float8 type, and the session fails with "Type
+# 'tensor(float8e4m3fn)' of input parameter (...) of operator (MatMulIntegerToFloat) ... is
+# invalid". 1.32 accepts the same models. On that failure the session is made again at the basic
+# level, which has none of those fusions (the failure is matched, not the version, so any release
+# that refuses FP8 there is covered and none that accepts it loses its optimizations).
+FP8_REFUSED = "Type 'tensor(float8"
+
+
+def _inference_session(source, opts, providers: list[str]):
+    """onnxruntime.InferenceSession with qdqgraph's disabled rewrites, at the basic optimization
+    level where this onnxruntime refuses an FP8 graph at a higher one (FP8_REFUSED)."""
+    import onnxruntime as ort
+    try:
+        return ort.InferenceSession(source, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+    except Exception as e:
+        level = ort.GraphOptimizationLevel
+        if FP8_REFUSED not in str(e) or opts.graph_optimization_level in (level.ORT_ENABLE_BASIC, level.ORT_DISABLE_ALL):
+            raise
+    opts.graph_optimization_level = level.ORT_ENABLE_BASIC
+    return ort.InferenceSession(source, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
 
 
 # onnxruntime's CPU provider runs convolutions in a blocked channel layout (NCHWc: channels in
