@@ -126,3 +126,42 @@ def test_insert_summary_says_whether_int8_beats_fp16_on_a_named_gpu(tmp_path, ca
     assert "FP16 on NVIDIA L4" in line and "roofline estimate, not a measurement" in line
     assert main(base + ["--gpu", "h200"]) == 2
     assert "unknown GPU 'h200'" in capsys.readouterr().err
+
+
+def test_a_layernorm_rounds_its_own_output_on_rtx_not_on_datacenter_tensorrt():
+    m = quantized(motifs.layernorm_mlp(), "tensorrt")
+    assert [x.name for x in simulate(m).reformats] == ["x_q", "ln_out_q"]
+    rtx = simulate(m, target="tensorrt-rtx")
+    assert [x.name for x in rtx.reformats] == ["x_q"]
+    assert rtx.explain("RTX-float-pointwise-q", "ln_out_q")[0]
+
+
+def test_a_float_conv_rounds_in_its_generated_epilogue_but_not_after_a_plain_relu():
+    from qdqgraph.trtsim.conditions import c_generated_epilogue
+    from qdqgraph.trtsim.fuse import LayerBuild
+    from qdqgraph.trtsim.ir import SimGraph, SNode
+    from qdqgraph.rulebook.match import Context
+    from qdqgraph import io
+    g = SimGraph.from_gs(io.load(motifs.residual_hardswish()).graph)
+    conv = next(n for n in g.nodes.values() if n.op == "Conv")
+    layer = LayerBuild(conv, "F1", "convolution")
+    layer.members.append(conv)
+    assert not c_generated_epilogue(Context(g, layer=layer), conv, None)        # the conv alone
+    relu = SNode("r", "Relu", [conv.outputs[0]], ["r_out"])
+    layer.members.append(relu)                                                   # a ReLU the kernel applies
+    assert not c_generated_epilogue(Context(g, layer=layer), conv, None)
+    mul = next(n for n in g.nodes.values() if n.op == "Mul")                     # HardSwish's x * clip(...)
+    layer.members.append(mul)
+    assert c_generated_epilogue(Context(g, layer=layer), conv, None).ok
+
+
+def test_an_fp8_kernel_that_only_scales_and_casts_is_a_standalone_quantize():
+    from qdqgraph.backends import listing
+    line = ("Name: __myl_MulCast_myl0_26, LayerType: kgen, Inputs: [ { Name: p, Dimensions: [1,8,1,1], "
+            "Strides: [8,1,1,1], Datatype: Half, Format: (Linear) }], Constants: [], Outputs: [ { Name: q, "
+            "Dimensions: [1,8,1,1], Strides: [8,1,1,1], Datatype: FP8, Format: (Linear) }], TacticName: t, "
+            "StreamId: 0, Metadata: [ONNX Layer: pool_q]")
+    cast_only = line.replace("Datatype: FP8", "Datatype: Half")
+    a, b = listing.parse_listing([line, cast_only]).layers
+    assert a.kind == "quantize" and a.qdq_reformat and a.outputs == [("q", "fp8")]
+    assert b.kind != "quantize" and not b.qdq_reformat

@@ -11,7 +11,8 @@ Each line becomes an EngineLayer (qdqgraph.trtsim.engine_report), the schema `re
 reads: the ONNX nodes from the metadata, each input's and output's precision and shape, qdqgraph's
 kind, and for a generated kernel (`kgen`, named `__myl_<Op><Op>..._myl<k>_<i>`) the ops it strings
 together. A generated kernel made only of scaling, clamping, rounding, casts and data movement is a
-standalone quantize (it rounds) or dequantize (integer in, float out): the reformats that cost time.
+standalone quantize (quantized out: INT8 rounds, `...MinMaxRounCast`, FP8 scales and casts, `MulCast`)
+or dequantize (quantized in, float out): the reformats that cost time.
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def _kind(layer_type: str, name: str, fused: list[str], inputs, outputs) -> tupl
         ins = {p for _, p in inputs}
         outs = {p for _, p in outputs}
         quantized = {"int8", "fp8", "int4"}
-        if "Roun" in fused and outs & quantized:
+        if outs & quantized:            # INT8 rounds (Roun); FP8 only scales and casts
             return "quantize", True
         if ins & quantized and outs and not outs & quantized:
             return "dequantize", True

@@ -245,15 +245,33 @@ def c_dequantized_inputs(ctx, node, arg):
 
 @CONDITIONS.register("pointwise_layer")
 def c_pointwise_layer(ctx, node, arg):
-    """The layer the node would join is a pointwise one (elementwise math or an activation), which a
-    generated kernel computes element by element."""
+    """The layer the node would join is one a generated kernel computes: elementwise math, an
+    activation, or a LayerNorm (normalized row by row, then scaled element by element)."""
     layer = ctx.layer
     if layer is None:
         return miss("not reached from a layer")
     g, anchor = ctx.graph, layer.anchor
-    if g.vocab.is_(anchor, "elementwise") or g.vocab.is_(anchor, "epilogue"):
+    if any(g.vocab.is_(anchor, c) for c in ("elementwise", "epilogue", "layernorm")):
         return hit()
     return miss(f"{_desc(anchor)} is not pointwise")
+
+
+@CONDITIONS.register("generated_epilogue")
+def c_generated_epilogue(ctx, node, arg):
+    """The layer's epilogue needs a generated kernel after the convolution or GEMM: some op beyond the
+    bias and an activation the kernel applies itself (kernel_activation), e.g. a written-out
+    HardSwish, a SiLU or a residual Add."""
+    layer = ctx.layer
+    if layer is None:
+        return miss("not reached from a layer")
+    g = ctx.graph
+    for n in layer.members:
+        if n is layer.anchor or n.role != OP or g.vocab.is_(n, "kernel_activation"):
+            continue
+        if g.vocab.is_(n, "add") and any(g.is_const(t) for t in n.inputs) and layer.anchor.outputs[0] in n.inputs:
+            continue                                   # the bias
+        return hit(f"{_desc(n)} runs in a generated kernel after the {layer.anchor.op}")
+    return miss(f"the {layer.anchor.op} kernel applies its whole epilogue itself")
 
 
 @CONDITIONS.register("input_shared")
