@@ -26,17 +26,20 @@ def _little(plan: Plan, summary: dict | None) -> str | None:
     """'nothing', 'only x% of the weighted FLOPs', or None when enough is quantized."""
     share = (summary or {}).get("int8_flops_share")
     quantized = any(d.quantized for d in plan.decisions.values())
-    if quantized and (share is None or share >= LITTLE_INT8):
+    if share is not None and share >= LITTLE_INT8:      # also what If branches quantized (qdqgraph.branches)
+        return None
+    if quantized and share is None:
         return None
     return "nothing" if not quantized else f"only {100 * (share or 0.0):.1f}% of the weighted FLOPs"
 
 
 def weighted_ops(graph: gs.Graph) -> tuple[Counter, Counter]:
-    """The weighted ops (Conv, Gemm, MatMul, ...) by op type: (in the graph, inside If/Loop bodies)."""
+    """The weighted ops (Conv, Gemm, MatMul, ...) by op type: (in the graph, inside If/Loop bodies that
+    hold no quantize node: a branch quantized from its samples is not float compute)."""
     view = GraphView(graph)
     top = Counter(n.op for n in view.nodes if view.vocab.is_(n, "weighted"))
     inside = Counter(n.op for sub in graph.subgraphs(recursive=True) for n in sub.nodes
-                     if view.vocab.is_(n, "weighted"))
+                     if view.vocab.is_(n, "weighted") and not any(view.vocab.is_(m, "quantize") for m in sub.nodes))
     return top, inside
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import advice, attention, attention_guard, distributed, io
+from . import advice, attention, attention_guard, branches, distributed, io
 from .calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from
 from .data import CalibrationData
@@ -168,6 +168,10 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             if chosen and calib_cache is None:
                 amax[rep] = max(chosen)
         _free_if_large(loaded)
+    with report.stage("if branches"):    # each branch from the samples that take it (qdqgraph.branches)
+        branched = branches.quantize_branches(loaded, data if is_real(calib) else None, cfg, quantize)
+        report.add([branched])
+        report.notes += branches.summary(branched)
     floated: tuple = ()
     if plan.activation_sites() and attention_guard.attention_gemms(loaded.graph, plan):
         with report.stage("attention check"):

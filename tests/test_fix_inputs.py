@@ -197,9 +197,10 @@ def test_calibrate_with_fix_input_feeds_insert_from_cache(tmp_path):
     assert "else_conv" in names and "then_conv" not in names
 
 
-def test_a_plan_that_quantizes_nothing_says_why_and_names_the_fix_input():
+def test_compute_inside_if_branches_is_quantized_without_fix_input():
     """All compute inside If branches decided by an input that calibration holds constant (silero's
-    `sr`): the summary says the plan quantizes nothing and suggests --fix-input with the value."""
+    `sr`): the branch the samples take is quantized by default (qdqgraph.branches), the other stays
+    float with a note, and no --fix-input is needed; fixing the input still inlines the branch."""
     g = motifs.G("all_in_if")
     g.input("x", ["n", 16, 8, 8])
     g.input("mode", [], TensorProto.INT64)
@@ -212,11 +213,14 @@ def test_a_plan_that_quantizes_nothing_says_why_and_names_the_fix_input():
     data = {"x": rng.standard_normal((6, 1, 16, 8, 8)).astype(np.float32), "mode": np.ones(6, np.int64)}
     r = qdqgraph.quantize(m, data)
     text = r.report.summary()
-    assert "the plan quantizes nothing" in text
-    assert "--fix-input mode=1" in text and "If node pick" in text
-    # with the input fixed, the taken branch is quantized and nothing needs saying
+    assert "the plan quantizes nothing" not in text and "--fix-input" not in text
+    assert "If node pick: the then-branch is quantized on the 6 calibration samples" in text
+    assert "If node pick: the else-branch stays float: no calibration sample takes it" in text
+    assert r.report.tensorrt["int8_flops_share"] > 0.5
+    # with the input fixed, the taken branch is inlined, quantized, and nothing needs saying
     fixed = qdqgraph.quantize(m, data, fixed_inputs={"mode": 1})
     assert fixed.report.notes == [] and fixed.plan.decisions["then_conv"].quantized
-    # an input that varies over the data is no candidate
+    # an input that varies over the data: both branches, each from its samples
     data["mode"][3] = 0
-    assert "--fix-input" not in qdqgraph.quantize(m, data).report.summary()
+    both = qdqgraph.quantize(m, data).report.summary()
+    assert "then-branch is quantized on the 5" in both and "else-branch is quantized on the 1" in both

@@ -328,13 +328,19 @@ def _if_model() -> onnx.ModelProto:
 
 
 def test_compute_inside_if_branches_is_named_as_the_cause():
-    data = _data("x", (1, 16, 8, 8)) | {"flag": np.ones(8, bool)}
-    r = qdqgraph.quantize(_if_model(), data)
+    """Without calibration data no sample chooses a branch, so both stay float: the warning names
+    them. With data, the branch the samples take is quantized (qdqgraph.branches) and nothing warns."""
+    cache = {"x": 1.0}
+    r = qdqgraph.quantize(_if_model(), calib_cache=cache)
     warning = next(w for w in r.report.warnings if "weighted FLOPs" in w or "quantizes nothing" in w)
     assert warning.startswith("the plan quantizes nothing (INT8 FLOPs 0.0%) on a model with 2 Conv: compute "
                               "inside If/Loop branches (2 Conv), which stay float")
     with pytest.raises(QdqError, match="below --require-int8 10 \\(compute inside If/Loop branches"):
-        qdqgraph.quantize(_if_model(), data, require_int8=10)
+        qdqgraph.quantize(_if_model(), calib_cache=cache, require_int8=10)
+    data = _data("x", (1, 16, 8, 8)) | {"flag": np.ones(8, bool)}
+    r = qdqgraph.quantize(_if_model(), data, require_int8=50)
+    assert not [w for w in r.report.warnings if "weighted FLOPs" in w or "quantizes nothing" in w]
+    assert r.report.tensorrt["int8_flops_share"] > 0.5
 
 
 def test_a_model_without_convs_or_gemms_gets_a_note_not_a_warning():

@@ -266,17 +266,18 @@ def test_a_tensor_read_only_by_shape_keeps_its_producer():
 
 
 def test_tensors_read_inside_an_if_body_keep_their_producers():
-    """An If body reads outer tensors by name; the simulator counts those as the If's inputs, so
-    their producers are neither pruned as unused nor fused as if nothing else read them."""
+    """An If body reads outer tensors by name; their producers are not pruned as unused. An If
+    whose condition is an input is read as the branch that runs (trtsim.branches): the then-branch,
+    which the samples took and qdqgraph quantized, reads stem_relu through its own Q."""
     from test_fix_inputs import _if_model, _x
     m = _if_model("input")                      # If on an input: not inlined, bodies read stem_relu
     r = qdqgraph.quantize(m, {"x": _x(8)[:, None], "mode": np.ones(8, np.int64)}, high_precision="fp32")
     assert [n.op_type for n in r.model.graph.node].count("If") == 1
     rep = trtsim.simulate(r.model)
     nodes = {n for layer in rep.layers for n in layer.nodes}
-    assert {"stem", "stem_relu", "pick", "head"} <= nodes
+    assert {"stem", "stem_relu", "then_conv", "head"} <= nodes and "else_conv" not in nodes
     stem = next(layer for layer in rep.layers if "stem" in layer.nodes)
-    assert [p.precision for p in stem.outputs] == ["fp32"]           # the If reads it in float
+    assert [p.precision for p in stem.outputs] == ["int8"]           # the branch's Q on stem_relu
 
 
 def test_each_reformat_inside_is_listed_with_its_rule_and_the_cost_of_removing_it(tmp_path):

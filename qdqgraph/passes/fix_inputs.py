@@ -15,6 +15,8 @@ onnxruntime refused the flattened model).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -91,14 +93,18 @@ def _condition(node: gs.Node):
     return bool(v.reshape(-1)[0]) if v.size == 1 else None
 
 
-def inline_constant_ifs(graph: gs.Graph) -> PassResult:
+def inline_constant_ifs(graph: gs.Graph, choose: Callable[[gs.Node], bool] | None = None) -> PassResult:
     """Replace every If node of `graph` whose condition is a constant by the nodes of the branch it
     takes. Repeats until none is left (an inlined branch may hold Ifs of its own; their conditions
-    are decided by the caller's next constant folding). Modifies `graph`; details: `inlined`."""
+    are decided by the caller's next constant folding). `choose(node)`: the branch (True: then) to
+    inline where the condition is not constant (the simulator's view of the branch that runs); by
+    default those Ifs stay. Modifies `graph`; details: `inlined`."""
     vocab = vocabulary()
     inlined: list[str] = []
     for node in [n for n in graph.nodes if vocab.is_(n, "conditional")]:
         cond = _condition(node)
+        if cond is None and choose is not None:
+            cond = choose(node)
         if cond is None:
             continue
         branch: gs.Graph = node.attrs["then_branch" if cond else "else_branch"]

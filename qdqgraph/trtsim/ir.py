@@ -18,6 +18,7 @@ import onnx_graphsurgeon as gs
 
 from ..ops import Vocabulary, vocabulary
 from ..view import GraphView, is_float_dtype, subgraph_reads
+from .branches import through_branches
 
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
 
@@ -108,7 +109,9 @@ class SimGraph:
     @classmethod
     def from_gs(cls, graph: gs.Graph, vocab: Vocabulary | None = None) -> "SimGraph":
         """Read `graph` into a new SimGraph; the caller's graph is left as it was (its node list is
-        sorted for the walk and put back)."""
+        sorted for the walk and put back). An If whose condition is not constant is read as the
+        branch that runs (trtsim.branches)."""
+        graph = through_branches(graph)
         saved = list(graph.nodes)
         try:
             graph.toposort(recurse_subgraphs=False)   # GraphView fills dtypes in node order
