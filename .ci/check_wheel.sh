@@ -22,6 +22,11 @@ for kind in whl tar.gz; do
     "$venv/bin/qdqgraph" insert ex/tiny_resnet.onnx --calib ex/tiny_resnet_calib.npz -o ex/q.onnx --report ex/r.json --quiet
     "$venv/bin/qdqgraph" report ex/q.onnx --quiet >/dev/null
     "$venv/bin/qdqgraph" strip ex/q.onnx -o ex/back.onnx >/dev/null
+    if [ "$kind" = whl ]; then          # the rtx extra: an engine built from the installed package's rules
+        "$venv/bin/pip" install -q "$(ls "$WORK"/dist/qdqgraph-*.whl)[rtx]"
+        "$venv/bin/qdqgraph" build ex/q.onnx -o ex/q.engine --calib ex/tiny_resnet_calib.npz \
+            --layer-info ex/layers.json | grep -q "compute kernels: 10/10 as predicted"
+    fi
     "$venv/bin/python" - <<'PY'
 import onnx, onnxruntime as ort, numpy as np, qdqgraph, pathlib
 assert "site-packages" in qdqgraph.__file__, qdqgraph.__file__
