@@ -110,7 +110,7 @@ def _int4_check(g: SimGraph, n: SNode) -> list[Diagnostic]:
 
 def _scale_check(n: SNode) -> list[Diagnostic]:
     out = []
-    qp = n.qp
+    qp = n.params
     if qp.scale is not None:
         bad = ~np.isfinite(qp.scale.astype(np.float64)) | (qp.scale <= 0)
         if bad.any():
@@ -169,7 +169,7 @@ def _graph_diagnostics(graph) -> list[Diagnostic]:
             out += _scale_check(n) + _int4_check(g, n)
         if n.role == Q:
             qs = [c for c, i in g.consumers(n.inputs[0]) if c.role == Q and i == 0]
-            if qs and qs[0] is n and len({q.qp.key() for q in qs}) > 1:
+            if qs and qs[0] is n and len({q.params.key() for q in qs}) > 1:
                 out.append(Diagnostic("QDQ204", n.name, f"Qs {', '.join(q.name for q in qs)} on tensor {n.inputs[0]} "
                                       "have different scales: they cannot merge, so none propagates (R5-c)",
                                       "quantize each tensor once (P5) or give the Qs one scale (R7)"))
@@ -219,7 +219,9 @@ def _graph_diagnostics(graph) -> list[Diagnostic]:
                                       "keep the bias float: TensorRT quantizes it to INT32 itself (P3)"))
         biases = [t for t in n.inputs if t and _const_qdq(g, t)]
         if v.is_(n, "add") and biases and len(acts) == 1 and _conv_pattern(g, acts[0]) is not None:
-            out.append(Diagnostic("QDQ205", g.producer(biases[0]).name, f"the bias added by {n.name} is quantized",
+            bias_dq = g.producer(biases[0])
+            assert bias_dq is not None      # _const_qdq: biases[0] is the output of a DQ
+            out.append(Diagnostic("QDQ205", bias_dq.name, f"the bias added by {n.name} is quantized",
                                   "keep the bias float: TensorRT quantizes it to INT32 itself (P3)"))
     return out
 
