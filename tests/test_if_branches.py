@@ -4,6 +4,9 @@ simulator counts the branch that runs, and the written model passes the checker 
 onnxruntime for both rates."""
 from __future__ import annotations
 
+import importlib.util
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -11,6 +14,7 @@ import pytest
 
 import qdqgraph
 from qdqgraph import io
+from qdqgraph.cli import main
 from qdqgraph.runtime import DISABLED_OPTIMIZERS
 from qdqgraph.testing.branches import vad_if_calib, vad_if_model
 from qdqgraph.trtsim import simulate
@@ -101,3 +105,25 @@ def test_without_calibration_data_the_branches_stay_float_with_a_note():
     r = qdqgraph.quantize(vad_if_model(), calib_cache={"x": 1.0})
     assert not _ops(_branch(r.model, "then_branch"), "QuantizeLinear")
     assert any("branches stay float (no calibration data" in n for n in r.report.notes)
+
+
+HAVE_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+
+
+@pytest.mark.skipif(not HAVE_RTX, reason="needs TensorRT for RTX: pip install 'qdqgraph[rtx]'")
+def test_tensorrt_for_rtx_builds_the_if_with_int8_convolutions_in_the_branches(tmp_path):
+    """The compiler keeps the If (a conditional jump over both branches, compiled ahead of time);
+    the convolutions of each quantized branch are INT8 kernels, those of a float branch float."""
+    m = vad_if_model()
+    for rates, int8_branches in (((16000,), {"then"}), ((16000, 8000), {"then", "else"})):
+        out, engine, layers = tmp_path / "q.onnx", tmp_path / "q.engine", tmp_path / "l.json"
+        onnx.save(qdqgraph.quantize(m, vad_if_calib(32, sr=rates)).model, out)
+        assert main(["build", str(out), "-o", str(engine), "--shapes", "x:1x1x512,sr:", "--layer-info",
+                     str(layers), "--force"]) == 0
+        compiled = json.loads(layers.read_text())["Layers"]
+        assert {"cjmp", "jmp"} <= {layer["Kind"] for layer in compiled}
+        convs = {layer["Name"].rsplit("^", 1)[-1].split("/")[0]: layer["Inputs"][0]["Format/Datatype"]
+                 for layer in compiled if layer["Kind"] == "convolution"}
+        assert set(convs) == {"then.conv2", "then.conv3", "else.conv1", "else.conv2"}, convs
+        assert {name for name, dtype in convs.items() if dtype == "Int8"} == \
+            {name for name in convs if name.split(".")[0] in int8_branches}
