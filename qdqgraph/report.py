@@ -22,6 +22,11 @@ class RunLog:
     """What a run's report keeps of its stages: the seconds each took (`stages`), the passes'
     results (`passes`) and their warnings (`warnings`); the report dataclasses declare the fields."""
 
+    # declared here for the type checker only (RunLog is no dataclass: the subclasses' fields stand)
+    stages: dict[str, float]
+    passes: list[PassResult]
+    warnings: list[str]
+
     @contextmanager
     def stage(self, name: str):
         """Time a stage (a stage run twice adds up)."""
@@ -75,7 +80,8 @@ class InsertReport(RunLog):
         self.weight_sites = len(plan.weight_sites())
         self.sites = []
         for s in sorted(plan.sites.values(), key=lambda s: s.tensor):
-            entry = {"tensor": s.tensor, "kind": s.kind, "rule": s.rule, "consumers": [e[0] for e in s.edges]}
+            entry: dict[str, object] = {"tensor": s.tensor, "kind": s.kind, "rule": s.rule,
+                                        "consumers": [e[0] for e in s.edges]}
             if s.kind == "weight":
                 entry["axis"] = s.axis
             elif amax is not None:
@@ -191,13 +197,13 @@ class InsertReport(RunLog):
             lines.append(f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ")
         smoothed = self.smoothed
         if smoothed:
-            nodes = sum(len(v) for v in smoothed.values())
-            lines.append(f"smoothing: {len(smoothed)} activations migrate their outliers into {nodes} weights")
+            n_weights = sum(len(v) for v in smoothed.values())
+            lines.append(f"smoothing: {len(smoothed)} activations migrate their outliers into {n_weights} weights")
         oa = self.output_aware
         if oa:
             t = oa["tensors"]
-            smoothed = sum(1 for v in t.values() if v["smoothing"] != "none")
-            lines.append(f"output-aware scales: {len(t)} linear-layer inputs, {smoothed} smoothed "
+            n_smoothed = sum(1 for v in t.values() if v["smoothing"] != "none")
+            lines.append(f"output-aware scales: {len(t)} linear-layer inputs, {n_smoothed} smoothed "
                          f"({len(oa['folded'])} folded into a LayerNorm or the producing layer, "
                          f"{len(oa['multiplied'])} by an inserted Mul)")
         a = self.attention
