@@ -286,7 +286,8 @@ def _backbone(ctx, t: gs.Tensor, limit=6):
 
 
 def _ancestor_distances(ctx, t: gs.Tensor, limit=4000) -> dict[str, int]:
-    dist, q = {}, deque([(t, 0)])
+    dist: dict[str, int] = {}
+    q = deque([(t, 0)])
     while q and len(dist) < limit:
         cur, d = q.popleft()
         p = ctx.graph.producer(cur)

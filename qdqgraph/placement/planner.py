@@ -8,6 +8,8 @@ quantized consumer, so the consumers are decided first).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_graphsurgeon as gs
 
 from ..errors import QdqError
@@ -16,7 +18,7 @@ from ..rulebook.match import Context, Match, op_matches
 from ..view import GraphView
 from .conditions import CONDITIONS, exact_zero_one
 from .plan import Decision, Plan, Selection, Site
-from .ruleset import Rule, RuleSet, load_ruleset
+from .ruleset import Rule, RuleSet, Target, load_ruleset
 
 
 def _evaluate(ctx: Context, rule: Rule, node) -> Match:
@@ -45,10 +47,10 @@ def _exclusions(view: GraphView, ruleset: RuleSet, ctx) -> dict[str, tuple[Rule,
     return out
 
 
-def _targets(view: GraphView, rule: Rule, node, captures) -> list[tuple[int, object]]:
+def _targets(view: GraphView, rule: Rule, node, captures) -> list[tuple[int, Target]]:
     """(input index, target) for each edge the rule quantizes on `node`. "all" means every float
     activation input (for activation targets) or every float constant (for weights)."""
-    out = []
+    out: list[tuple[int, Target]] = []
     for t in rule.quantize:
         if t.input == "all":
             out.extend((i, t) for i, x in enumerate(node.inputs) if x.name and _fits(view, x, t.kind))
@@ -76,7 +78,7 @@ def _fits(view: GraphView, t: gs.Tensor, kind: str) -> bool:
 def _add_site(plan: Plan, view: GraphView, node, index: int, target, rule: Rule):
     t = node.inputs[index]
     if target.kind == "weight" and target.axis is not None:
-        rank = view.constant_value(t).ndim
+        rank = view.constant(t).ndim          # _targets: a weight target's input is a constant
         if not -rank <= target.axis < rank:
             raise QdqError(f"{rule.where}: weight axis {target.axis} of '{t.name}' (rank {rank}) on {node.op} node "
                            f"{node.name}", f"use an axis in [0, {rank - 1}] or \"tensor\"")
@@ -112,7 +114,7 @@ def _resize_links(plan: Plan, view: GraphView) -> list[tuple[str, str]]:
     return links
 
 
-def _merge_groups(plan: Plan, links: list[tuple[str, str]] = ()) -> None:
+def _merge_groups(plan: Plan, links: Sequence[tuple[str, str]] = ()) -> None:
     """Concat groups that touch each other (a Concat of Concats) collapse into one scale group, as
     do the two ends of each link."""
     parent: dict[str, str] = {}

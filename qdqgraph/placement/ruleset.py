@@ -142,7 +142,8 @@ def _rule(t: Table, vocab: Vocabulary) -> Rule:
             raise t.error(f"bad path step {step!r}", "write OpType, A|B, or a trailing ? for optional")
     when = tuple(b.get("when", ()))
     captures = CONDITIONS.check(when, t.where)
-    targets = tuple(_target(x, t, vocab, op) for x in b.get("quantize", ()))
+    # only a [[rule]] quantizes, and a [[rule]] names its op class (a required key)
+    targets = tuple(_target(x, t, vocab, op) for x in b.get("quantize", ())) if op is not None else ()
     if t.kind == "rule" and not targets:
         raise t.error("a [[rule]] must quantize something", "add quantize = [...]")
     for x in targets:
