@@ -286,7 +286,8 @@ def layer_ms(work: LayerWork, g: Gpu, c: Constants) -> float:
     if work.kind == "none" or (work.bytes <= 0 and work.flops <= 0):
         return 0.0
     memory = work.bytes / (g.bandwidth_gbs * 1e9 * c.bandwidth_fraction)
-    compute = work.flops / (g.peak(work.precision) * 1e12 * c.math_fraction) if work.flops else 0.0
+    # an unknown math type (precision None) takes the fp32 peak, which is also peak()'s fallback
+    compute = work.flops / (g.peak(work.precision or "fp32") * 1e12 * c.math_fraction) if work.flops else 0.0
     return (max(memory, compute) + c.launch_us * 1e-6) * 1e3
 
 
@@ -320,7 +321,7 @@ class Estimate:
 
     @property
     def error(self) -> float | None:
-        """(estimate - measured) / measured."""
+        """(estimate - measured) / measured; None without a measured time or with a measured 0.0."""
         if not self.measured_ms:
             return None
         return self.total_ms / self.measured_ms - 1.0
@@ -329,7 +330,10 @@ class Estimate:
         s = (f"estimated {self.total_ms:.3f} ms on {self.gpu.title} ({self.kernels} kernels; roofline estimate, "
              f"not a measurement)")
         if self.measured_ms is not None:
-            s += f"; measured {self.measured_ms:.3f} ms, error {self.error * 100:+.1f} %"
+            s += f"; measured {self.measured_ms:.3f} ms"
+            error = self.error
+            if error is not None:
+                s += f", error {error * 100:+.1f} %"
         return s
 
     def table(self, top: int = 10) -> str:
@@ -355,7 +359,9 @@ class Estimate:
                         for x in self.layers]}
         if self.measured_ms is not None:
             d["measured_ms"] = round(self.measured_ms, 6)
-            d["error"] = round(self.error, 4)
+            error = self.error
+            if error is not None:           # a measured 0.0 gives no error figure
+                d["error"] = round(error, 4)
             d["unmatched_profile_layers"] = self.unmatched
         return d
 

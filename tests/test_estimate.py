@@ -214,3 +214,20 @@ def test_the_speed_line_compares_int8_with_fp16(predicted):
     line = speed_line(predicted["qat-residual-qgap"], predicted["float"], "rtx-4090")
     assert line.startswith("INT8 estimated ") and "x faster than FP16 on NVIDIA GeForce RTX 4090" in line
     assert "roofline estimate, not a measurement" in line
+
+
+def test_a_measured_time_of_zero_gives_no_error_figure(tmp_path, capsys):
+    """A profile whose layers all took 0.0 ms: the summary and the JSON carry the measured total
+    but no error (a ratio to 0), where they used to crash on None."""
+    p, _ = engine_file(tmp_path)
+    prof = tmp_path / "zero.json"
+    prof.write_text(json.dumps([{"count": 10}, {"name": "q", "averageMs": 0.0}, {"name": "c", "averageMs": 0.0}]))
+    est = E.estimate(p, "l4", prof)
+    assert est.measured_ms == 0.0 and est.error is None
+    assert "measured 0.000 ms" in est.summary() and "error" not in est.summary()
+    d = est.to_dict()
+    assert d["measured_ms"] == 0.0 and "error" not in d and d["total_ms"] > 0
+    out = tmp_path / "r.json"
+    assert main(["estimate", str(p), "--gpu", "l4", "--profile", str(prof), "--json", str(out)]) == 0
+    assert "measured 0.000 ms" in capsys.readouterr().out
+    assert "error" not in json.loads(out.read_text())["estimate"]
