@@ -117,6 +117,7 @@ def run_build(args) -> int:
     io.require_model_file(args.model)
     check = outputs.Plan(args.force, inputs=[args.model, args.calib])
     plan = check.output(args.output, "engine")
+    assert plan is not None                     # -o/--output is required
     check.output(args.layer_info, "--layer-info")
     backend = check_engine_args(args)           # the compiler's absence first: no shape matters without it
     model = Path(args.model)

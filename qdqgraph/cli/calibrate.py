@@ -61,6 +61,7 @@ def run(args) -> int:
             raise QdqError("--merge combines saved shards; it takes no --calib or --shard", "drop them")
         if config.ray:
             raise QdqError("--merge runs no calibration, so it has nothing for Ray to do", "drop --ray")
+        assert config.method is not None        # QuantizeConfig sets the precision's default method
         cal = merge_calibrations(args.merge, config.method, config.percentile)
         cal.save(out, args.format or "json", force=args.force)
         if not args.quiet:

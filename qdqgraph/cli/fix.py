@@ -62,6 +62,7 @@ def run(args) -> int:
     io.require_model_file(args.model)
     plan = outputs.Plan(args.force, inputs=[args.model, *args.rules, args.calib if args.calib != "random" else None])
     out = plan.output(args.output or default_output(args.model), "output model")
+    assert out is not None                          # a path is always given
     report_path = plan.output(args.report, "--report")
     if config.providers:
         a.check_providers(config.providers)

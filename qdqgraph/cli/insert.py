@@ -105,6 +105,7 @@ def run(args) -> int:
     plan = outputs.Plan(args.force, inputs=[args.model, *args.rules, args.calib_cache,
                                             args.calib if args.calib != "random" else None])
     out = plan.output(args.output or default_output(args.model), "output model")
+    assert out is not None                          # a path is always given
     report_path = plan.output(args.report, "--report")
     if args.engine:                                 # fail before any work when the engine cannot be built
         from .build import check_engine_args

@@ -28,6 +28,7 @@ def run(args) -> int:
     from ..fix.facts import strip_to_float
     io.require_model_file(args.model)
     out = outputs.Plan(args.force, inputs=[args.model]).output(args.output, "output model")
+    assert out is not None                          # -o/--output is required
     loaded = io.load(args.model)
     n, clamps = strip_to_float(loaded.graph)
     io.save(io.to_model(loaded), out, force=args.force)
