@@ -187,9 +187,9 @@ class FileChunk(Mapping):
     def _arrays(self) -> dict[str, np.ndarray]:
         last = FileChunk._last
         if last is None or last[0] != self.path:
-            FileChunk._last = None              # drop the previous file before reading the next
-            FileChunk._last = (self.path, read_arrays(self.path, self.inputs, ignore=self.ignore))
-        return FileChunk._last[1]
+            FileChunk._last = last = None       # drop the previous file before reading the next
+            last = FileChunk._last = (self.path, read_arrays(self.path, self.inputs, ignore=self.ignore))
+        return last[1]
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self._arrays()[name]

@@ -136,8 +136,8 @@ class Plan:
         return p
 
 
-def write_atomic(path, write: Callable[[Path], None], force: bool = True, companions=()) -> list[Path]:
-    """Write `path` through `write(temporary path)`, atomically (see the module doc). `companions`:
+def write_atomic(path, write: Callable[[Path], object], force: bool = True, companions=()) -> list[Path]:
+    """Write `path` through `write(temporary path)` (what it returns is ignored), atomically (see the module doc). `companions`:
     (final path, writer) of files that belong to it (a model's external data), written first.
     Returns the files written."""
     final = Path(path)

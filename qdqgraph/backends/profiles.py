@@ -81,7 +81,7 @@ def from_flags(inputs: list[InputSpec], shapes: str | None = None, min_: str | N
     specs = {s.name: s for s in inputs}
     if shapes:
         table = {n: (s, s, s) for n, s in parse_shapes(shapes).items()}
-    elif given:
+    elif min_ and opt and max_:                 # given: all three (checked above)
         lo, mid, hi = parse_shapes(min_, "--min"), parse_shapes(opt, "--opt"), parse_shapes(max_, "--max")
         if not (set(lo) == set(mid) == set(hi)):
             raise QdqError("--min, --opt and --max name different inputs", "name the same inputs in all three")
