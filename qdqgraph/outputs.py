@@ -137,9 +137,9 @@ class Plan:
 
 
 def write_atomic(path, write: Callable[[Path], object], force: bool = True, companions=()) -> list[Path]:
-    """Write `path` through `write(temporary path)` (what it returns is ignored), atomically (see the module doc). `companions`:
-    (final path, writer) of files that belong to it (a model's external data), written first.
-    Returns the files written."""
+    """Write `path` through `write(temporary path)` (what it returns is ignored), atomically (see the
+    module doc). `companions`: (final path, writer) of files that belong to it (a model's external
+    data), written first. Returns the files written."""
     final = Path(path)
     _refuse_special(final, "output")          # also for writers that skipped check_output
     folder = final.parent if str(final.parent) else Path(".")
