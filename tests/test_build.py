@@ -109,6 +109,11 @@ def test_listing_classifies_generated_kernels():
     assert layers[0].qdq_reformat and not layers[1].qdq_reformat
     assert layers[2].tokens == ["a/Conv", "b/Conv"] and layers[0].nodes == ["x_q"]
     assert layers[0].shapes["q"] == [1, 3, 8, 8] and layers[0].outputs == [("q", "int8")]
+    # inside an If branch the compiler wraps the node's name in the conditional's and the branch's
+    branch = conv.replace("a/Conv+b/Conv_myl0_1", "$$myelin$$(Unnamed IfConditional* 0)^$$myelin$$then^then.c/Conv_myl0_5")
+    branch = branch.replace("[ONNX Layer: x_q]", "[ONNX Layer: then.c/Conv | then_16k (then_branch) | /If (If)]")
+    (inside,) = listing.parse_listing([branch]).layers
+    assert inside.tokens == ["then.c/Conv"] and inside.nodes == ["then.c/Conv"]
 
 
 @rtx

@@ -89,6 +89,13 @@ def _kind(layer_type: str, name: str, fused: list[str], inputs, outputs) -> tupl
     return "pointwise", False
 
 
+def _node(text: str) -> str:
+    """The ONNX node a name part stands for. Inside an If branch the compiler prefixes the conditional
+    and the branch (`$$myelin$$(Unnamed IfConditional* 0)^$$myelin$$then^then.conv2/Conv`) and, in
+    metadata, appends them (`then.conv2/Conv | then_16k (then_branch) | /If (If)`)."""
+    return text.split(" | ")[0].rsplit("^", 1)[-1].strip()
+
+
 def parse_listing(lines: list[str], source: str = "") -> EngineReport:
     """EngineLayers from the kernel lines of a `Layers:` listing."""
     out = []
@@ -99,8 +106,8 @@ def parse_listing(lines: list[str], source: str = "") -> EngineReport:
         inputs, outputs = _tensors(f.get("Inputs", ""), shapes), _tensors(f.get("Outputs", ""), shapes)
         fused = fused_ops(name)
         kind, reformat = _kind(layer_type, name, fused, inputs, outputs)
-        nodes = list(dict.fromkeys(_META.findall(f.get("Metadata", ""))))
-        tokens = [t for t in re.sub(r"_myl\d+_\d+$", "", name).split("+") if t]
+        nodes = list(dict.fromkeys(_node(t) for t in _META.findall(f.get("Metadata", ""))))
+        tokens = [_node(t) for t in re.sub(r"_myl\d+_\d+$", "", name).split("+") if t]
         out.append(EngineLayer(name, tokens, layer_type, "QDQ" if reformat else None, inputs, outputs,
                                nodes=nodes, kind=kind, fused=fused, shapes=shapes,
                                constants=_tensors(f.get("Constants", ""), shapes)))

@@ -172,7 +172,8 @@ class KernelAgreement:
         s = self.summary()
         lines = [f"compute kernels: {s['agree']}/{s['compute_kernels']} as predicted ({100 * self.share:.1f}%), "
                  f"{s['quantized_kernels']} on quantized inputs"
-                 + (f"; {len(self.internal)} inside single ops (no ONNX node, not compared)" if self.internal else "")]
+                 + (f"; {len(self.internal)} name no predicted node (an op's own GEMMs, as an LSTM's steps, or an If "
+                    "branch the prediction does not follow): not compared" if self.internal else "")]
         for c in self.checks:
             if not c.agrees:
                 what = f"predicted {c.predicted}" if c.layer else "no predicted layer"
@@ -191,7 +192,7 @@ def kernel_agreement(sim: SimReport, engine: EngineReport) -> KernelAgreement:
             continue
         names = el.nodes if el.kind == "attention" else el.tokens
         if not any(n in sim.node_names for n in [*names, *el.nodes]):
-            out.internal.append(el.name)   # the compiler's own GEMMs inside one op (an LSTM's unrolled steps)
+            out.internal.append(el.name)   # an op's own GEMMs (an LSTM's unrolled steps), an If branch not followed
             continue
         sl = next((owner[n] for n in names if n in owner), None)
         # a fused attention kernel takes Q, K, V and masks in no fixed order: its quantized inputs tell

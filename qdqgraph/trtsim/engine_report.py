@@ -167,7 +167,7 @@ def _tokens(name: str, compiler_listing: bool) -> list[str]:
     with a "Kind") append `_myl<k>_<i>` and join merged GEMMs with '+'."""
     if not compiler_listing:
         return split_name(name)
-    return [t for t in _MYELIN_SUFFIX.sub("", name).split("+") if t]
+    return [t.split(" | ")[0].rsplit("^", 1)[-1].strip() for t in _MYELIN_SUFFIX.sub("", name).split("+") if t]
 
 
 def _strings(item: dict, key: str, at: str) -> list[str]:

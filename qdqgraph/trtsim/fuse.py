@@ -146,11 +146,16 @@ class Fuser:
         g = self.g
         t = layer.out
         qs = [c for c, _ in g.consumers(t) if c.role == Q and c.name not in self.owner]
-        for q in qs:
+        for k, q in enumerate(qs):
             rule = self.first("output_q", q, layer, t, blame=q.origin)
             if rule is not None:
                 self.own(layer, q, rule.id)
                 layer.out, layer.out_int8 = q.outputs[0], True
+                for other in qs[k + 1:]:              # further scales of the same tensor, where the kernel writes each
+                    more = self.first("extra_output_q", other, layer, t)
+                    if more is not None:
+                        self.own(layer, other, more.id)
+                        layer.extra_outputs.append(other.outputs[0])
                 break
             layer.float_reason = f"{q.name}: {self.last_why}"
         if not qs and not layer.float_reason:
