@@ -37,7 +37,7 @@ from .placement.plan import Plan
 from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
 from .report import InsertReport
 from .runtime import register_custom_ops
-from .sensitivity import choose_fallback, measure
+from .sensitivity import choose_fallback, measure, output_sqnr
 from .trtsim import simulate
 from .passes.strip import strip_qdq
 from .trtsim.latency import DEFAULT_GPU, speed_line
@@ -324,28 +324,87 @@ class _Inserted:
 def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
               report: InsertReport, progress=None, floated: tuple = ()):
     """Measure each quantized unit's sensitivity on a Q/DQ copy of the graph, choose the units to
-    return to float, and plan again without them, in memory. Returns (plan, amax, inserted): the
-    trial copy stands as the inserted graph when nothing goes back to float."""
+    return to float, and plan again without them, in memory. The figure reported is the output
+    SQNR of the model as it will be written (planned again, float islands and all), measured on
+    the sweep's samples against float; while it misses the budget, the next most harmful unit goes
+    back to float too, within --max-float-layers. Returns (plan, amax, inserted): the trial copy
+    stands as the inserted graph when nothing goes back to float."""
     trial = loaded.graph.copy()
     bias = [correct_biases(trial, plan, means)] if means is not None else []
     trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, stop_above_db=cfg.accuracy_budget, progress=progress,
-                             ray=cfg.ray)
-    chosen, final_db = choose_fallback(sens, evaluate, cfg.accuracy_budget, cfg.max_float_layers)
-    gains = {u.node: u.gain_db for u in sens.units}
-    report.fallback = {"budget_db": cfg.accuracy_budget, "max_float_layers": cfg.max_float_layers,
+                             ray=cfg.ray, reference=loaded)
+    chosen, sweep_db = choose_fallback(sens, evaluate, cfg.accuracy_budget, cfg.max_float_layers)
+    del evaluate
+    per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
+    limit = cfg.max_float_layers if cfg.max_float_layers is not None else len(plan.decisions)
+    budget = cfg.accuracy_budget
+
+    def planned(units: list[str]) -> tuple[Plan, dict]:
+        if not units:
+            return plan, amax
+        gains = {u.node: u.gain_db for u in sens.units}
+        float_nodes = tuple((n, f"fallback: returned to float (+{gains.get(n, 0.0):.1f} dB output SQNR alone)")
+                            for n in units)
+        new_plan = plan_for(loaded, cfg, floated + float_nodes)
+        return new_plan, ranges_from_cache(new_plan, per_tensor)[0]
+
+    written_db, why_not = None, None
+    while True:
+        new_plan, new_amax = planned(chosen)
+        try:
+            written_db = _written_db(loaded, new_plan, new_amax, means, cfg, data, sens)
+        except QdqError as e:               # a model onnxruntime cannot run here (bf16 islands on a CPU)
+            written_db, why_not = None, e.problem
+            break
+        if budget is None or written_db >= budget or len(chosen) >= limit:
+            break
+        if not sens.units:                  # the sweep stopped at the all-INT8 estimate: rank the units now
+            sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
+                                     cfg.sensitivity_samples, progress=progress, ray=cfg.ray, reference=loaded)
+            del evaluate
+        nxt = next((u.node for u in sens.ranked() if u.node not in chosen), None)
+        if nxt is None:
+            break
+        chosen.append(nxt)
+    final_db = written_db if written_db is not None else sweep_db
+    report.fallback = {"budget_db": budget, "max_float_layers": cfg.max_float_layers,
                        "samples": sens.samples, "all_int8_db": sens.all_int8_db, "final_db": final_db,
+                       "sweep_db": sweep_db, "measured": "written model" if written_db is not None else "sweep",
+                       "met": budget is None or final_db >= budget,
                        "seconds": sens.seconds, "float_nodes": chosen,
                        "ranking": [{"node": u.node, "op": u.op, "gain_db": u.gain_db,
                                     "only_int8_db": u.only_quantized_db} for u in sens.ranked()]}
+    if why_not:
+        report.warnings.append(f"the fallback's {final_db:.1f} dB is the sweep's estimate: the written model "
+                               f"could not be run to check it ({why_not})")
+    if budget is not None and final_db < budget:
+        cap = (f"--max-float-layers {cfg.max_float_layers} reached" if len(chosen) >= limit
+               else "no other quantized node to return")
+        report.warnings.append(f"the written model's output SQNR is {final_db:.1f} dB, below --accuracy-budget "
+                               f"{budget:g} ({len(chosen)} node(s) in float, {cap}); raise --max-float-layers, "
+                               f"or exclude more with --exclude-node")
     if not chosen:
         return plan, amax, _Inserted(trial, trial_insert, bias)
-    per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
-    float_nodes = tuple((n, f"fallback: returned to float (+{gains[n]:.1f} dB output SQNR alone)") for n in chosen)
-    plan = plan_for(loaded, cfg, floated + float_nodes)
-    amax, _ = ranges_from_cache(plan, per_tensor)
+    del trial
+    plan, amax = planned(chosen)
     return plan, amax, None
+
+
+def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig, data: CalibrationData,
+                sens) -> float:
+    """The output SQNR of the model quantize() writes for `plan` (inserted and deployed as the run
+    does, on a copy), on the sensitivity samples against float."""
+    copy = io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version, fixed_inputs=loaded.fixed_inputs)
+    if means is not None:
+        correct_biases(copy.graph, plan, means)
+    fmt = cfg.format
+    assert fmt is not None, "INT4 runs take their own pipeline, without a fallback"
+    inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt)
+    model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport())
+    del copy
+    return output_sqnr(model, sens)
 
 
 def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: CalibrationData | None,

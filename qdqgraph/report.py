@@ -251,8 +251,9 @@ class InsertReport(RunLog):
                 lines.append(f"speed: {t['speed']}")
         if self.fallback:
             fb = self.fallback
-            lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all {q} -> {fb['final_db']:.1f} dB with "
-                         f"{len(fb['float_nodes'])} node(s) in float (budget {fb['budget_db']} dB, "
+            where = " in the written model" if fb.get("measured") == "written model" else ""
+            lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all {q} -> {fb['final_db']:.1f} dB{where} "
+                         f"with {len(fb['float_nodes'])} node(s) in float (budget {fb['budget_db']} dB, "
                          f"max {fb['max_float_layers']}; {fb['samples']} samples, {fb['seconds']:.1f} s)")
             for n in fb["float_nodes"]:
                 gain = next(r["gain_db"] for r in fb["ranking"] if r["node"] == n)

@@ -52,6 +52,8 @@ class Sensitivity:
     units: list[UnitSensitivity] = field(default_factory=list)
     seconds: float = 0.0
     runs: int = 0
+    # (batches, float outputs) the SQNRs were measured on: `output_sqnr` measures another model there
+    reference: tuple = field(default=((), ()), repr=False, compare=False)
 
     def ranked(self) -> list[UnitSensitivity]:
         return sorted(self.units, key=lambda u: (-u.gain_db, u.only_quantized_db, u.node))
@@ -82,14 +84,18 @@ def _if(flag: gs.Variable, name: str, then_nodes: list[gs.Node], then_out: gs.Va
                    attrs={"then_branch": then_g, "else_branch": else_g})
 
 
-def switchable(quant_graph: gs.Graph, plan: Plan, only: set[str] | None = None) -> tuple[gs.Graph, dict[str, str]]:
+def switchable(quant_graph: gs.Graph, plan: Plan, only: set[str] | None = None,
+               float_graph: gs.Graph | None = None) -> tuple[gs.Graph, dict[str, str]]:
     """A copy of a Q/DQ graph made by insert_qdq where each quantized unit's edges pass through
     If(flag) then Q->DQ (or the dequantized weight) else the float tensor, so that a run computes
     only the Q/DQ of the units switched to INT8. Returns the graph and {unit node name: flag input}.
     `only`: the units to make switchable (the others stay INT8 in every run; a float copy of each
-    switchable weight is held, so fewer units is less memory)."""
+    switchable weight is held, so fewer units is less memory). `float_graph`: the float graph the
+    Q/DQ one was made from; a unit's float weight is then the original one, as a unit returned to
+    float has it (without it, the INT8 weight dequantized: only the activations' error is seen)."""
     g = quant_graph.copy()
     nodes = {n.name: n for n in g.nodes}
+    originals = {n.name: n for n in float_graph.nodes} if float_graph is not None else {}
     flags = {}
     for k, (name, d) in enumerate(sorted((n, d) for n, d in plan.decisions.items() if d.quantized)):
         node = nodes.get(name)
@@ -118,6 +124,9 @@ def switchable(quant_graph: gs.Graph, plan: Plan, only: set[str] | None = None) 
                 shape = [-1 if (axis is not None and dim == axis % src.values.ndim) else 1
                          for dim in range(src.values.ndim)] if np.ndim(scale) else []
                 deq = (src.values.astype(np.float32) * (scale.reshape(shape) if shape else scale)).astype(np.float32)
+                original = originals[name].inputs[i] if name in originals and i < len(originals[name].inputs) else None
+                if isinstance(original, gs.Constant) and original.values.shape == deq.shape:
+                    deq = np.asarray(original.values, dtype=np.float32)
                 float_t = gs.Constant(f"{src.name}_float", deq)
                 then_nodes = [gs.Node(DEQUANTIZE, name=f"{sel.name}_dqn", inputs=list(p.inputs),
                                       outputs=[then_out], attrs=dict(p.attrs))]
@@ -183,13 +192,14 @@ def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: Calibrat
     `quant_model`: the Q/DQ model insert_qdq made for `plan` (a ModelProto, or its graph as a
     Loaded). With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it.
     `only`: the units that can be switched (and measured); the rest stay INT8, so the float outputs
-    to compare against come from `reference`, the float graph (needed with `only`). `ray`: a Ray
+    to compare against come from `reference`, the float graph (needed with `only`); with it, a
+    unit's float weights are the reference's, so the SQNR is against float, weights included. `ray`: a Ray
     address (or "local") to measure the units on, split among its task slots."""
     if only is not None and reference is None:
         raise ValueError("measure(only=...) needs the float graph as reference")
     start = time.perf_counter()
     loaded = quant_model if isinstance(quant_model, io.Loaded) else io.load(quant_model)
-    graph, flags = switchable(loaded.graph, plan, only)
+    graph, flags = switchable(loaded.graph, plan, only, reference.graph if reference is not None else None)
     # the model and weights of this session are what the Ray tasks' sessions run too
     model, weights = io.to_model_and_weights(io.Loaded(graph=graph, ir_version=loaded.ir_version))
     outs = [o.name for o in graph.outputs]
@@ -215,7 +225,7 @@ def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: Calibrat
         return _sqnr(ref, switch.outputs(units - set(float_units)))
 
     all_db = sqnr_with_float(set())
-    report = Sensitivity(min(seen, samples), all_db)
+    report = Sensitivity(min(seen, samples), all_db, reference=(batches, ref))
     skip = stop_above_db is not None and all_db >= stop_above_db
     order = [] if skip else sorted(units)
     stage(progress, "sensitivity", len(order), unit="unit")
@@ -234,6 +244,18 @@ def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: Calibrat
     report.runs = switch.runs + runs
     report.seconds = time.perf_counter() - start
     return report, sqnr_with_float
+
+
+def output_sqnr(model: onnx.ModelProto, sens: Sensitivity) -> float:
+    """The output SQNR of `model` (a quantized model as written: float islands and all) against
+    float, on the batches and float outputs `sens` was measured on: the figure the sweep's estimate
+    stands for."""
+    batches, ref = sens.reference
+    sess = session(model, purpose="accuracy check")
+    names = [o.name for o in sess.get_outputs()]
+    inputs = {i.name for i in sess.get_inputs()}
+    got = _flat([sess.run(names, {k: v for k, v in b.items() if k in inputs}) for b in batches])
+    return _sqnr(list(ref), got)
 
 
 def choose_fallback(sens: Sensitivity, evaluate, budget_db: float | None, max_float: int | None) -> tuple[list[str], float]:

@@ -441,3 +441,67 @@ def test_26_api_still_takes_what_it_documents(model_and_data):
     assert qdqgraph.quantize(m, calib=data, config=qdqgraph.QuantizeConfig(method="max")).model is not None
     assert qdqgraph.quantize(mp, calib=str(dp), method="max").model is not None
     assert qdqgraph.calibrate(str(mp), dp, method="max", shard=(1, 2)).shard == "1/2"
+
+
+# ------------------------------------------- 27. --accuracy-budget claims what --verify measures
+
+def residual_cnn(blocks: int = 3, c: int = 32) -> onnx.ModelProto:
+    """A small residual CNN (stem, `blocks` conv-relu-conv blocks with identity skips, a 1x1 head),
+    He-scaled weights so that activations keep their size through the blocks."""
+    import motifs
+    g = motifs.G("residual_cnn")
+    x = g.input("x", ["n", 3, 16, 16])
+
+    def conv(x, cin, cout, name, k=3):
+        w = g.weight(f"{name}.w", (cout, cin, k, k), (2 / (cin * k * k)) ** 0.5)
+        return g.node("Conv", [x, w, g.weight(f"{name}.b", (cout,), 0.1)], name=name, kernel_shape=[k, k],
+                      pads=[k // 2] * 4)
+    y = g.node("Relu", [conv(x, 3, c, "stem")], name="stem_relu")
+    for b in range(blocks):
+        a = g.node("Relu", [conv(y, c, c, f"b{b}.conv1")], name=f"b{b}.relu1")
+        y = g.node("Relu", [g.node("Add", [conv(a, c, c, f"b{b}.conv2"), y], name=f"b{b}.add")], name=f"b{b}.relu2")
+    g.node("Conv", [y, g.weight("head.w", (c, c, 1, 1), (1 / c) ** 0.5)], ["y"], name="head", kernel_shape=[1, 1])
+    g.output("y")
+    return g.model()
+
+
+def _claim_and_verify(out: str) -> tuple[float, float]:
+    import re
+    claim = re.search(r"fallback: output SQNR [\d.]+ dB all INT8 -> ([\d.]+) dB in the written model", out)
+    verify = re.search(r"float vs quantized on 8 samples\n  output y: cosine [\d.]+, SQNR ([\d.]+) dB", out)
+    assert claim and verify, out
+    return float(claim.group(1)), float(verify.group(1))
+
+
+@pytest.mark.parametrize("budget", [32.5, 36.0])
+def test_27_accuracy_budget_claims_what_verify_measures(tmp_path, capsys, budget):
+    """The sweep's switchable model kept INT8-rounded weights on its "float" side, and the written
+    model is planned again and gets FP16 islands: the claimed SQNR was the sweep's (here 33.0 dB all
+    INT8 against a measured 31.6). Now the claim is the written model's, on the samples --verify uses."""
+    import motifs
+    import json
+    m = residual_cnn()
+    mp, dp, rp = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "r.json"
+    onnx.save(m, mp)
+    np.savez(dp, **motifs.sample_data(m, n=16))
+    assert main(["insert", str(mp), "--calib", str(dp), "--accuracy-budget", str(budget), "--report", str(rp)]) == 0
+    captured = capsys.readouterr()
+    claimed, verified = _claim_and_verify(captured.out)
+    assert abs(claimed - verified) <= 0.1, captured.out         # both printed to one decimal
+    assert verified >= budget, captured.out
+    fb = json.loads(rp.read_text())["fallback"]
+    assert fb["measured"] == "written model" and fb["met"] and fb["final_db"] >= budget
+    assert "below --accuracy-budget" not in captured.err
+
+
+def test_27_a_budget_out_of_reach_is_said_not_claimed(tmp_path, capsys):
+    import motifs
+    m = residual_cnn()
+    mp, dp = tmp_path / "m.onnx", tmp_path / "d.npz"
+    onnx.save(m, mp)
+    np.savez(dp, **motifs.sample_data(m, n=16))
+    assert main(["insert", str(mp), "--calib", str(dp), "--accuracy-budget", "60", "--max-float-layers", "1"]) == 0
+    captured = capsys.readouterr()
+    claimed, verified = _claim_and_verify(captured.out)
+    assert abs(claimed - verified) <= 0.1 and claimed < 60, captured.out
+    assert "below --accuracy-budget 60 (1 node(s) in float, --max-float-layers 1 reached)" in captured.err
