@@ -505,3 +505,47 @@ def test_27_a_budget_out_of_reach_is_said_not_claimed(tmp_path, capsys):
     claimed, verified = _claim_and_verify(captured.out)
     assert abs(claimed - verified) <= 0.1 and claimed < 60, captured.out
     assert "below --accuracy-budget 60 (1 node(s) in float, --max-float-layers 1 reached)" in captured.err
+
+
+# ----------------------------------------- 28. fix is a no-op on insert's own transformer output
+
+def _qdq_scales(model: onnx.ModelProto) -> dict:
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    return {(n.op_type, n.input[0], n.output[0]): inits[n.input[1]].tobytes()
+            for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")}
+
+
+@pytest.mark.parametrize("calib", [False, True])
+def test_28_fix_keeps_the_attention_insert_kept_float(tmp_path, capsys, calib):
+    """insert keeps an attention float when INT8 costs it more than 3 dB (forced here with
+    int8_attention="off"); fix planned the attention INT8 again: without --calib it refused ("no scale
+    for k_t_out, q_t_out, v_t_out"), with it it calibrated and quantized the attention (30.4 -> 28.0 dB)."""
+    import motifs
+    import qdqgraph
+    from qdqgraph.data import CalibrationData
+    from qdqgraph.evaluate import compare
+    from qdqgraph.prepare import model_inputs
+    m = motifs.attention_block(seq=16, hidden=64, heads=4)
+    data = motifs.sample_data(m, n=16)
+    q = qdqgraph.quantize(m, data, int8_attention="off").model
+    assert not {"qk", "pv"} & {c for n in q.graph.node if n.op_type == "DequantizeLinear"
+                                for c in (x.name for x in q.graph.node if n.output[0] in x.input)}
+    src, out, dp = tmp_path / "q.onnx", tmp_path / "q.fixed.onnx", tmp_path / "d.npz"
+    onnx.save(q, src)
+    np.savez(dp, **data)
+    assert main(["fix", str(src), "-o", str(out), *(["--calib", str(dp)] if calib else [])]) == 0, \
+        capsys.readouterr().err
+    fixed = onnx.load(str(out))
+    assert _qdq_scales(fixed) == _qdq_scales(q)                      # the same Q/DQ, the same scales
+    assert fixed.SerializeToString() == q.SerializeToString()        # fix changed nothing
+
+    def sqnr(model):
+        cd = CalibrationData(data, model_inputs(qdqgraph.io.load(m).graph), 8)
+        return compare(m, model, data=cd, tensors=False).outputs[0].sqnr_db
+    assert sqnr(fixed) >= sqnr(q) - 1e-6
+    if calib:                                   # asked for, the attention goes INT8 (calibrated)
+        r = qdqgraph.fix(q, data, int8_attention="on")
+        assert {"qk", "pv"} <= set(r.plan.quantized_nodes()) and not r.report.unchanged
+    else:                                       # and without data that is the one line naming the tensors
+        with pytest.raises(QdqError, match="no scale for 3 tensor.*k_t_out, q_t_out, v_t_out"):
+            qdqgraph.fix(q, int8_attention="on")

@@ -118,7 +118,8 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
         report.clamps = [{"tensor": t, "min": lo, "max": hi} for t, lo, hi in facts.clamps]
         report.read = facts.counts()
     with report.stage("plan"):
-        plan, warnings = planning.plan(loaded, cfg, stripped)
+        held = {n.name for n, _, _ in facts.edges if n is not None}
+        plan, warnings = planning.plan(loaded, cfg, stripped, held)
         report.warnings += warnings
         view = GraphView(loaded.graph)
         choice = choose(view, plan, facts, cfg.format)

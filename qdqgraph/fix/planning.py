@@ -18,6 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from .. import io
+from ..attention_guard import attention_gemms
 from ..config import QuantizeConfig
 from ..placement.plan import Plan, Site
 from ..passes.strip import replace_uses
@@ -44,17 +45,33 @@ def typed(graph: gs.Graph) -> bool:
                for t in graph.tensors().values() if isinstance(t, gs.Constant) or t.dtype is not None)
 
 
-def plan(loaded: io.Loaded, config: QuantizeConfig, graph: gs.Graph | None = None) -> tuple[Plan, list[str]]:
+ATTENTION_KEPT_FLOAT = ("attention: the model holds no Q/DQ on this attention GEMM, so fix keeps it float (insert "
+                        "keeps an attention float when INT8 costs it more than 3 dB of output SQNR; "
+                        "int8_attention='on' quantizes it)")
+
+
+def plan(loaded: io.Loaded, config: QuantizeConfig, graph: gs.Graph | None = None,
+         held: set[str] | None = None) -> tuple[Plan, list[str]]:
     """`prepare.plan_for` of a cleaned (and, where typed, float32) copy of `graph` (default: the
     loaded graph), mapped back to the loaded graph; with warnings for weights the plan quantizes
     that reach their op through other ops. (fix plans the stripped graph before it writes the
-    clamps of folded activations as Clips, so that a Clip never hides a pattern from the rules.)"""
+    clamps of folded activations as Clips, so that a Clip never hides a pattern from the rules.)
+    `held`: the nodes that read a Q/DQ in the model; an attention GEMM outside it stays float, as
+    the model had it (insert's attention check decided so), unless config.int8_attention is "on"
+    ("off" floats every attention GEMM, as insert does)."""
     graph = (graph if graph is not None else loaded.graph).copy()
     if typed(graph):
         graph = _as_float32(graph)
     copy = io.Loaded(graph=graph, ir_version=loaded.ir_version)
     clean(copy)
-    return _mapped(plan_for(copy, config), loaded.graph)
+    p = plan_for(copy, config)
+    if held is not None and config.int8_attention != "on":
+        gemms = attention_gemms(copy.graph, p)
+        bare = [n for n in gemms if n not in held] if config.int8_attention == "auto" else gemms
+        if bare:
+            why = ATTENTION_KEPT_FLOAT if config.int8_attention == "auto" else "attention: --int8-attention off"
+            p = plan_for(copy, config, tuple((n, why) for n in bare))
+    return _mapped(p, loaded.graph)
 
 
 def _as_float32(graph: gs.Graph) -> gs.Graph:
