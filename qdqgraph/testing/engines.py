@@ -42,6 +42,7 @@ class Built:
     agreement: dict = field(default_factory=dict)
     not_quantized: list[str] = field(default_factory=list)   # kernels predicted quantized, compiled float
     quantize_kernels: tuple[int, int] = (0, 0)               # standalone quantize kernels: predicted, compiled
+    datacenter_reformats: int = 0                            # the same predicted by the datacenter rules
     warnings: list[str] = field(default_factory=list)
     skipped: str = ""                    # why this variant does not apply to the model
 
@@ -97,6 +98,7 @@ def build_variant(model: Path, calib: Path, variant: str, out_dir: Path) -> Buil
         agreement = kernel_agreement(sim, result.engine)
         out.agreement = agreement.summary()
         out.quantize_kernels = (len(sim.reformats), len(standalone_kernels(sim, result.engine)))
+        out.datacenter_reformats = len(simulate(loaded.graph).reformats)
         out.not_quantized = [c.kernel for c in agreement.checks
                              if c.predicted == "quantized" and c.compiled not in ("int8", "fp8", "int4")]
     return out
