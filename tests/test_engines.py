@@ -60,3 +60,32 @@ def test_every_output_builds_and_its_quantized_nodes_run_quantized_kernels(model
     if variant == "fp8":
         assert built.targets[0] == "sm89", built.targets      # FP8 plans target Ada and later explicitly
     assert not any("layernorm" in w.lower() for w in built.warnings), built.warnings
+
+
+@pytest.mark.parametrize("name", ["resnet50", "efficientnet_b0", "mobilenet_v3_large"])
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_build_cli_writes_engine_and_layer_json_naming_the_quantized_kernels(name, precision, tmp_path, capsys):
+    """The issue's must-show, through the command users run, on this machine without a GPU."""
+    import json
+
+    import onnx
+
+    import qdqgraph
+    from qdqgraph.cli import main
+    if importlib.util.find_spec("tensorrt_rtx") is None:
+        pytest.skip("needs TensorRT for RTX")
+    model, calib = TV / f"{name}.onnx", TV / f"{name}.calib.npz"
+    if not model.exists():
+        missing(f"{model.name}")
+    q = tmp_path / f"{name}.{precision}.onnx"
+    onnx.save(qdqgraph.quantize(model, str(calib), precision=precision).model, q)
+    layers = tmp_path / "layers.json"
+    assert main(["build", str(q), "-o", str(tmp_path / "m.engine"), "--calib", str(calib),
+                 "--layer-info", str(layers)]) == 0
+    assert (tmp_path / "m.engine").stat().st_size > 1_000_000
+    doc = json.loads(layers.read_text())
+    quantized = [x for x in doc["Layers"] if x["Kind"] in ("convolution", "gemm")
+                 and x["Inputs"][0]["Format/Datatype"] == precision.upper().replace("INT8", "Int8")]
+    assert len(quantized) >= 20 and all(x["Nodes"] for x in quantized)
+    assert doc["check"]["summary"]["share"] == 1.0
+    assert doc["targets"][0] == ("sm89" if precision == "fp8" else "sm80")
