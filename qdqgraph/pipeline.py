@@ -34,6 +34,7 @@ from .passes.precision import lower_float_islands, measure_ranges
 from .passes import output_aware
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
+from .placement.refine import NO_INT8
 from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
 from .report import InsertReport
 from .runtime import register_custom_ops
@@ -211,6 +212,11 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     with report.stage("simulate"):
         _predict(final, report, cfg.target, cfg.gpu)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
+    dropped = [n for n, d in plan.decisions.items() if not d.quantized and NO_INT8 in (d.reason or "")]
+    if dropped:
+        why = next(d.reason for d in plan.decisions.values() if NO_INT8 in (d.reason or ""))
+        report.warnings.append(f"{why}; the model is written in float"
+                               + (f" with {cfg.high_precision} islands" if cfg.high_precision != "fp32" else ""))
     little = advice.warning(loaded.graph, plan, report.tensorrt, label(cfg.precision))
     if little:
         report.warnings.append(little)

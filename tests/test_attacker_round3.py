@@ -549,3 +549,60 @@ def test_28_fix_keeps_the_attention_insert_kept_float(tmp_path, capsys, calib):
     else:                                       # and without data that is the one line naming the tensors
         with pytest.raises(QdqError, match="no scale for 3 tensor.*k_t_out, q_t_out, v_t_out"):
             qdqgraph.fix(q, int8_attention="on")
+
+
+# ---------------------------------- 29. a plan with no INT8 layer is not written as a quantized model
+
+def tiny_conv_chain(blocks: int = 10, c: int = 4) -> onnx.ModelProto:
+    """Residual blocks of convs with 4 channels (placement keeps them float, P10-tiny-conv), whose
+    Adds the residual rule quantizes: every Q/DQ is a standalone reformat."""
+    import motifs
+    g = motifs.G("tiny_conv_chain")
+    y = g.input("x", ["n", c, 16, 16])
+
+    def conv(x, name):
+        return g.node("Conv", [x, g.weight(f"{name}.w", (c, c, 3, 3), 0.02)], name=name, kernel_shape=[3, 3],
+                      pads=[1] * 4)
+    for b in range(blocks):
+        a = conv(g.node("Relu", [conv(y, f"b{b}.conv1")], name=f"b{b}.relu1"), f"b{b}.conv2")
+        y = g.node("Relu", [g.node("Add", [a, y], name=f"b{b}.add")], name=f"b{b}.relu2")
+    g.node("Identity", [y], ["y"], name="out")
+    g.output("y")
+    return g.model()
+
+
+@pytest.mark.parametrize("blocks", [10, 300])
+def test_29_no_int8_layer_no_qdq_written(tmp_path, capsys, blocks):
+    """Was: "0 INT8, 20 reformats" and the Q/DQ written anyway (output SQNR 22.5 dB for nothing)."""
+    import motifs
+    m = tiny_conv_chain(blocks)
+    mp, dp, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx"
+    onnx.save(m, mp)
+    np.savez(dp, **motifs.sample_data(m, n=4))
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    written = onnx.load(str(out))
+    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in written.graph.node}
+    assert "float16" in {onnx.helper.tensor_dtype_to_np_dtype(i.data_type).name for i in written.graph.initializer}
+    assert f"0 INT8, {2 * blocks + 2} float, 0 reformats" in captured.out, captured.out
+    said = [line for line in captured.err.splitlines() if "the plan runs no layer in INT8" in line]
+    assert len(said) == 1 and f"{2 * blocks} standalone reformat(s)" in said[0] and \
+        "the model is written in float with fp16 islands" in said[0], captured.err
+    assert len(captured.err.splitlines()) <= 3, captured.err                  # whatever the model's size
+    import re
+    sqnr = float(re.search(r"output y: cosine [\d.]+, SQNR ([\d.]+) dB", captured.out).group(1))
+    assert sqnr > 60, captured.out                        # float with FP16 islands (was 22.5 dB at 10 blocks)
+
+
+def test_29_repeated_warnings_are_counted_not_printed(capsys):
+    from qdqgraph.cli.messages import reset, warn, warn_all
+    reset()
+    warn_all([f"tensor 't{i}' was zero over all calibration samples; it got the safe scale" for i in range(5000)]
+             + ["another warning"])
+    for i in range(100):
+        warn(f"node 'n{i}' is odd")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 + 1 + 1 + 3 + 1, err
+    assert "4997 more warning(s) of the form \"tensor '?' was zero over all calibration samples" in err[3]
+    assert err[4].endswith("another warning") and "further warnings of the form \"node '?' is odd\"" in err[-1]
+    reset()

@@ -4,7 +4,8 @@
 The plan is simulated with unit scales, so the choice does not depend on the calibration data and
 a calibration cache made for a plan matches it. A region's quantized nodes are returned to float
 only as a whole, and the smaller plan is kept only when its prediction has fewer standalone
-reformats inside the network.
+reformats inside the network. A plan whose prediction runs no layer in INT8 at all (its Q/DQ would be
+standalone reformats and nothing else: residual Adds around tiny float convs) goes back to float whole.
 """
 from __future__ import annotations
 
@@ -86,6 +87,23 @@ def region_nodes(report: SimReport, plan: Plan, rule: RegionRule,
     return tuple(out)
 
 
+NO_INT8 = "the plan runs no layer in INT8"
+
+
+def no_int8_nodes(report: SimReport, plan: Plan, rule: RegionRule,
+                  selection: Selection) -> tuple[tuple[str, str, str], ...]:
+    """(node, rule id, why) for every quantized node when the prediction runs no layer in INT8: its
+    Q/DQ would only be standalone reformats (a chain of tiny convs whose residual Adds the rules
+    quantize); nodes the user forces in with --include-node stay."""
+    s = report.summary
+    if s["int8_layers"] or not s["reformats"]:
+        return ()
+    why = (f"{NO_INT8} (its Q/DQ would only be {s['reformats']} standalone "
+           f"reformat(s), {s['reformats_inside']} inside the network), so none are written")
+    return tuple((n, rule.id, why) for n, d in sorted(plan.decisions.items())
+                 if d.quantized and not selection.includes(n))
+
+
 def refine(graph: gs.Graph, plan: Plan, ruleset: RuleSet, selection: Selection) -> Plan:
     """`plan` with its small INT8 regions in float, if that leaves fewer reformats inside the
     network; otherwise `plan` itself."""
@@ -95,7 +113,9 @@ def refine(graph: gs.Graph, plan: Plan, ruleset: RuleSet, selection: Selection) 
     before = predict(graph, plan, ruleset.target)
     nodes = region_nodes(before, plan, rule, selection)
     if not nodes:
-        return plan
+        nodes = no_int8_nodes(before, plan, rule, selection)
+        # no INT8 layer: the Q/DQ are reformats and nothing else, whether inside the network or not
+        return plan_placement(graph, ruleset, replace(selection, region_nodes=nodes)) if nodes else plan
     smaller = plan_placement(graph, ruleset, replace(selection, region_nodes=nodes))
     after = predict(graph, smaller, ruleset.target)
     if after.summary["reformats_inside"] < before.summary["reformats_inside"]:
