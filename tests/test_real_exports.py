@@ -281,8 +281,10 @@ def test_a_float_plan_on_a_cnn_is_a_warning_naming_the_cause(t12_files, capsys):
     out = mp.parent / "q.onnx"
     assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), "--verify", "0", "--exclude-op", "Conv"]) == 0
     err = capsys.readouterr().err
-    line = next(x for x in err.splitlines() if "weighted FLOPs" in x)
-    assert line.startswith("qdqgraph: warning: TensorRT would run only 0.0% of the weighted FLOPs in INT8 on a "
+    # the Q/DQ left (2 reformats, no INT8 layer) are dropped too (P14), so the plan quantizes nothing
+    assert "the plan runs no layer in INT8 (its Q/DQ would only be 2 standalone reformat(s)" in err
+    line = next(x for x in err.splitlines() if "INT8 FLOPs 0.0%" in x)
+    assert line.startswith("qdqgraph: warning: the plan quantizes nothing (INT8 FLOPs 0.0%) on a "
                            "model with 5 Conv, 1 Gemm: every Conv excluded by --exclude-op Conv; every Gemm "
                            "skipped by P10-gemv")
     assert "--require-int8 PCT makes this an error" in line
