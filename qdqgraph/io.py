@@ -252,8 +252,13 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True,
         path = Path(path_or_model)
         model = read_model(path)
     repairs: list[str] = []
-    if _needs_repair(model):
+    if model.functions:
         if path is None:            # the caller's model stays as it was
+            model = _copy(model)
+        model, inlined = inline_functions(model)
+        repairs += inlined
+    if _needs_repair(model):
+        if path is None and not repairs:            # the caller's model stays as it was
             model = _copy(model)
         repairs += merge_opset_imports(model)
         repairs += unique_dim_names(model)
@@ -274,6 +279,38 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True,
                   doc_string=model.doc_string,
                   metadata_props={p.key: p.value for p in model.metadata_props},
                   opset_raised_from=raised, repairs=repairs)
+
+
+def inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with its local functions (FunctionProtos in model.functions, which torch's dynamo
+    exporter writes) inlined, as a new model: placement sees the ops inside them, and the written
+    model holds those ops rather than calls of functions a graph rebuilt from nodes would drop.
+    Names the functions' unnamed nodes (in place). Returns the model and a repair line."""
+    import onnx.inliner
+    names = sorted({f"{f.domain}::{f.name}" if f.domain else f.name for f in model.functions})
+    called = {(f.domain, f.name) for f in model.functions}
+
+    def calls(g: onnx.GraphProto) -> int:
+        n = 0
+        for node in g.node:
+            n += (node.domain, node.op_type) in called
+            for a in node.attribute:
+                n += sum(calls(sub) for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs))
+        return n
+    count = calls(model.graph)
+    for f in model.functions:          # the inliner suffixes each call's copy: ConvRelu/Conv_0__1, ...
+        for i, n in enumerate(f.node):
+            n.name = n.name or f"{f.name}/{n.op_type}_{i}"
+    try:
+        out = onnx.inliner.inline_local_functions(model)
+    except Exception as e:  # noqa: BLE001 - the inliner's own errors, said as the model's
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise QdqError(f"the model's local functions ({', '.join(names[:5])}) could not be inlined ({first})",
+                       "export the model without local functions (torch.onnx.export(..., dynamo=False), "
+                       "or onnx.inliner.inline_local_functions)") from e
+    del out.functions[:]               # what the graph no longer calls
+    return out, [f"{count} call(s) of {len(names)} local function(s) ({', '.join(names[:5])}"
+                 f"{', ...' if len(names) > 5 else ''}) inlined: quantization sees the ops inside them"]
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

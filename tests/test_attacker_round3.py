@@ -606,3 +606,55 @@ def test_29_repeated_warnings_are_counted_not_printed(capsys):
     assert "4997 more warning(s) of the form \"tensor '?' was zero over all calibration samples" in err[3]
     assert err[4].endswith("another warning") and "further warnings of the form \"node '?' is odd\"" in err[-1]
     reset()
+
+
+# ------------------------------------------------- 30. local functions (torch's dynamo exporter)
+
+def local_function_model(c: int = 16) -> onnx.ModelProto:
+    """Two calls of a local function ConvRelu (a FunctionProto in model.functions wrapping Conv +
+    Relu), as torch's dynamo exporter writes modules."""
+    fn = helper.make_function("pkg.custom", "ConvRelu", ["x", "w", "b"], ["y"],
+                              [helper.make_node("Conv", ["x", "w", "b"], ["t"], kernel_shape=[3, 3], pads=[1] * 4),
+                               helper.make_node("Relu", ["t"], ["y"])],
+                              opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(0)
+    inits, nodes, x = [], [], "x"
+    for i in range(2):
+        inits += [onnx.numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32), f"w{i}"),
+                  onnx.numpy_helper.from_array((rng.standard_normal(c) * 0.1).astype(np.float32), f"b{i}")]
+        nodes.append(helper.make_node("ConvRelu", [x, f"w{i}", f"b{i}"], [f"y{i}"], name=f"block{i}",
+                                      domain="pkg.custom"))
+        x = f"y{i}"
+    g = helper.make_graph(nodes, "local_functions", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", c, 8, 8])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n", c, 8, 8])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("pkg.custom", 1)],
+                          functions=[fn])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_30_local_functions_are_inlined_and_quantized(tmp_path, capsys):
+    """Was: the functions dropped from the written model, which was left behind, and --verify's
+    "pkg.custom:ConvRelu(-1) is not a registered function/op; pass --custom-op-library"."""
+    import onnxruntime as ort
+    m = local_function_model()
+    mp, dp, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx"
+    onnx.save(m, mp)
+    np.savez(dp, x=np.random.default_rng(1).standard_normal((8, 2, 16, 8, 8)).astype(np.float32))
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "repaired: 2 call(s) of 1 local function(s) (pkg.custom::ConvRelu) inlined" in captured.out
+    assert "custom-op-library" not in captured.err and "passed through unquantized" not in captured.err
+    assert "placed: 2 activation Q/DQ, 2 weight DQ" in captured.out and "SQNR" in captured.out
+    q = onnx.load(str(out))
+    onnx.checker.check_model(q, full_check=True)
+    assert not q.functions and {n.op_type for n in q.graph.node} >= {"Conv", "Relu", "DequantizeLinear"}
+    assert {n.name for n in q.graph.node if n.op_type == "Conv"} == {"ConvRelu/Conv_0__1", "ConvRelu/Conv_0__2"}
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"x": np.ones((1, 16, 8, 8), np.float32)})[0].shape == (1, 16, 8, 8)
+    import qdqgraph                                  # the API: the caller's model is left as it was
+    before = m.SerializeToString()
+    r = qdqgraph.quantize(m, calib=str(dp))
+    assert len(r.model.functions) == 0 and r.plan.decisions["ConvRelu/Conv_0__1"].quantized
+    assert m.SerializeToString() == before
