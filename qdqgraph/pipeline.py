@@ -36,6 +36,7 @@ from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
 from .placement.refine import NO_INT8
 from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
+from .profile import step
 from .report import InsertReport
 from .runtime import register_custom_ops
 from .sensitivity import choose_fallback, measure, output_sqnr
@@ -423,7 +424,7 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
             model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy
             _check(model, "quantized")
         return model, loaded
-    with report.stage("float islands"):
+    with report.stage("float islands"), step("export"):
         model = io.to_model(loaded, provenance, tidy=False)           # insert_qdq left it tidy
         _free_if_large(loaded)
     with report.stage("island ranges"):             # a run on calibration samples (rule H5)
@@ -434,12 +435,17 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
             report.warnings.append(f"no calibration data: {cfg.high_precision} islands were made without "
                                    f"checking activation ranges (rule H5)")
     with report.stage("float islands"):
-        model, _ = io.raise_opset(model, PRECISION_OPSET, why=f"{cfg.high_precision} Q/DQ scales")
-        lowered = io.load(model, check=False)
-        islands = lower_float_islands(lowered.graph, cfg.high_precision, io.opset_of(model), ranges)
+        with step("opset"):
+            model, _ = io.raise_opset(model, PRECISION_OPSET, why=f"{cfg.high_precision} Q/DQ scales")
+        with step("import"):
+            lowered = io.load(model, check=False)
+        with step("retype"):
+            islands = lower_float_islands(lowered.graph, cfg.high_precision, io.opset_of(model), ranges)
         report.add([islands])
-        model = io.to_model(lowered, provenance, tidy=False)          # the islands pass left it tidy
-        _check_raised(model, cfg.high_precision, report)
+        with step("export"):
+            model = io.to_model(lowered, provenance, tidy=False)      # the islands pass left it tidy
+        with step("check"):
+            _check_raised(model, cfg.high_precision, report)
     return model, lowered
 
 
@@ -489,11 +495,14 @@ def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", 
     """The simulator's prediction for the written model, into the report. A simulator failure
     must not cost the user the model: it becomes a warning naming the error."""
     try:
-        sim = simulate(loaded.graph, target=target)
-        report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
-        float_graph = loaded.graph.copy()          # the FP16 engine of the same model, for the speed line
-        strip_qdq(float_graph)
-        report.tensorrt["speed"] = speed_line(sim, simulate(float_graph, target=target), gpu or DEFAULT_GPU[target])
+        with step("quantized engine"):
+            sim = simulate(loaded.graph, target=target)
+            report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
+        with step("float engine"):                 # the FP16 engine of the same model, for the speed line
+            float_graph = loaded.graph.copy()
+            strip_qdq(float_graph)
+            float_sim = simulate(float_graph, target=target)
+        report.tensorrt["speed"] = speed_line(sim, float_sim, gpu or DEFAULT_GPU[target])
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
                                f"written; please report this")

@@ -5,6 +5,8 @@ read the calibration data once.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from . import io
@@ -21,6 +23,7 @@ from .passes.no_ops import remove_no_ops
 from .placement import load_ruleset, plan_placement
 from .placement.plan import Plan
 from .placement.refine import refine
+from .profile import step
 from .view import GraphView
 
 MAX_INLINE_ROUNDS = 8          # nesting depth of If nodes inlined once their conditions are constant
@@ -61,14 +64,23 @@ def clean(loaded: io.Loaded) -> list[PassResult]:
     """Remove inference no-ops, fold constants, inline Ifs whose condition became constant (in
     rounds: an inlined branch may decide another If), fold BatchNormalization and constant scalar
     multiplies after linear layers. In place."""
-    out = [remove_no_ops(loaded.graph), fold_constants(loaded.graph)]
+    out = [_timed(remove_no_ops, loaded), _timed(fold_constants, loaded)]
     for _ in range(MAX_INLINE_ROUNDS):
-        step = inline_constant_ifs(loaded.graph)
-        if not step.changed:
+        inlined = _timed(inline_constant_ifs, loaded)
+        if not inlined.changed:
             break
-        out += [step, fold_constants(loaded.graph)]
-    out.append(fold_batchnorm(loaded.graph))
-    out.append(fold_scalar_scales(loaded.graph))
+        out += [inlined, _timed(fold_constants, loaded)]
+    out.append(_timed(fold_batchnorm, loaded))
+    out.append(_timed(fold_scalar_scales, loaded))
+    return out
+
+
+def _timed(run, loaded: io.Loaded) -> PassResult:
+    """`run(graph)`, a step of the run's profile named after the pass, its seconds in the result."""
+    with step(run.__name__):
+        start = time.perf_counter()
+        out = run(loaded.graph)
+        out.seconds += time.perf_counter() - start
     return out
 
 
@@ -77,7 +89,10 @@ def plan_for(loaded: io.Loaded, config: QuantizeConfig, float_nodes: tuple = ())
     (P14, qdqgraph.placement.refine); `float_nodes`: (node, why) the fallback returns to float."""
     ruleset = load_ruleset(config.rules, config.precision, config.target)
     selection = config.selection(float_nodes)
-    return refine(loaded.graph, plan_placement(loaded.graph, ruleset, selection), ruleset, selection)
+    with step("placement"):
+        plan = plan_placement(loaded.graph, ruleset, selection)
+    with step("refine (P14)"):
+        return refine(loaded.graph, plan, ruleset, selection)
 
 
 def check_plan(loaded: io.Loaded, plan: Plan) -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from .formats import DEFAULT_PRECISION, OPSETS, label
 from .passes.base import PassResult
+from .profile import Profile
 from .runtime import DISABLED_OPTIMIZERS, FP16_FAULTS
 from .placement.plan import Plan
 
@@ -27,12 +28,22 @@ class RunLog:
     passes: list[PassResult]
     warnings: list[str]
 
+    @property
+    def profile(self) -> Profile:
+        """Seconds and memory per stage and per step inside one (qdqgraph.profile)."""
+        found = self.__dict__.get("_profile")
+        if found is None:
+            found = self.__dict__["_profile"] = Profile()
+        return found
+
     @contextmanager
     def stage(self, name: str):
-        """Time a stage (a stage run twice adds up)."""
+        """Time a stage (a stage run twice adds up), and profile it: its seconds and memory, and
+        those of the steps inside it (qdqgraph.profile.step)."""
         start = time.perf_counter()
         try:
-            yield
+            with self.profile.stage(name):
+                yield
         finally:
             self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
 
@@ -154,6 +165,7 @@ class InsertReport(RunLog):
         out = asdict(self)
         out["passes"] = [p.to_dict() for p in self.passes]
         out["stages"] = {k: round(v, 4) for k, v in self.stages.items()}
+        out["profile"] = self.profile.to_dict()
         for name in ("no_ops_removed", "constants_folded", "ifs_inlined", "batchnorm_folded", "batchnorm_kept",
                      "fixed_inputs", "smoothed", "bias_corrected", "precision", "output_aware", "int4"):
             out[name] = getattr(self, name)

@@ -9,6 +9,7 @@ import onnx
 
 from . import io
 from .errors import QdqError
+from .profile import step
 
 # Shared libraries of custom ops (onnxruntime's register_custom_ops_library), from
 # --custom-op-library; models with custom-domain ops run in onnxruntime only with them.
@@ -63,7 +64,8 @@ def graph_session(loaded: io.Loaded, providers: list[str] | None = None, purpose
                   outputs: list[str] | None = None, optimize: bool = True):
     """A session over a graphsurgeon graph whose large constants reach onnxruntime from memory;
     `outputs`: float tensors to add as graph outputs; `optimize=False`: no graph optimizations."""
-    model, weights = io.to_model_and_weights(loaded)
+    with step("export for onnxruntime"):
+        model, weights = io.to_model_and_weights(loaded)
     if outputs:
         model = io.with_outputs(model, outputs)
     opts = None
@@ -97,6 +99,12 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
     as stubs (`io.to_model_and_weights`); without them, large initializers are split off here.
     `opts`: session options of the caller's own (custom-op libraries already registered); else
     `threads`: onnxruntime's intra-op threads (0: one per core)."""
+    with step("onnxruntime session"):
+        return _session(model, providers, purpose, weights, opts, threads)
+
+
+def _session(model: onnx.ModelProto, providers: list[str] | None, purpose: str, weights: dict | None, opts,
+             threads: int):
     import onnxruntime as ort
     try:
         opts = opts or _options(threads=threads)
@@ -186,7 +194,8 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
     (measured on 512 samples at batch 1, against spinning on: calibration loop on ResNet-50 19.4-20.1 s
     -> 18.5-18.9 s, EfficientNet-B0 7.8 -> 6.4 s, MobileNetV3-Large 4.8 -> 4.2 s).
     Returns (session, BlockedOutputs)."""
-    model, weights = io.to_model_and_weights(loaded)
+    with step("export for onnxruntime"):
+        model, weights = io.to_model_and_weights(loaded)
     model = io.with_outputs(model, outputs)
     same = BlockedOutputs({n: n for n in outputs}, {})
 
@@ -216,7 +225,8 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
         try:
             path = os.path.join(d, "unordered.onnx")
             onnx.save(optimized, path)
-            return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]), found
+            with step("onnxruntime session"):
+                return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]), found
         except Exception:
             return plain(), same
 

@@ -74,20 +74,30 @@ def add(sub) -> None:
     g = a.add_output(p)
     g.add_argument("-o", "--output", metavar="OUT.onnx", help="the Q/DQ model (default: MODEL.qdq.onnx beside the input)")
     g.add_argument("--report", metavar="REPORT.json", help="write the placement and calibration report as JSON")
+    g.add_argument("--verbose", action="store_true",
+                   help="also print the stage profile: seconds and memory per stage and per step (the JSON "
+                        "report always holds it)")
     p.set_defaults(run=run)
 
 
-def write_result(result, args, out: Path, report_path) -> list:
-    """Save the model (the input protected) and the JSON report, print the summary unless quiet,
-    then the warnings on stderr. Returns the written paths."""
+def write_result(result, args, out: Path, report_path, verify=None) -> list:
+    """Save the model (the input protected), print the summary unless quiet, then the warnings on
+    stderr; then `verify()` (a stage of the profile, printed), and the JSON report. With --verbose
+    the stage profile ends the output. Returns the written paths."""
     from .. import io
-    written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
+    with result.report.stage("save"):
+        written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
     result.report.output = str(written[0])
-    if report_path:
-        outputs.write_text(report_path, result.report.to_json(), force=args.force)
     if not args.quiet:
         print(result.report.summary(warnings=False))
     warn_all(result.report.warnings)
+    if verify is not None:
+        with result.report.stage("verify"):
+            verify()
+    if report_path:
+        outputs.write_text(report_path, result.report.to_json(), force=args.force)
+    if getattr(args, "verbose", False) and not args.quiet:
+        print("\n".join(result.report.profile.lines()))
     return written
 
 
@@ -119,16 +129,18 @@ def run(args) -> int:
         require()
     result = run_with_bars(args, lambda progress: quantize(args.model, args.calib, config=config,
                                                            calib_cache=args.calib_cache, progress=progress))
-    written = write_result(result, args, out, report_path)
+    verify = None
     if not args.quiet and args.verify > 0 and args.calib is not None and args.calib != "random":
-        from ..evaluate import compare
-        progress = bars(args)
-        try:
-            print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,
-                          preprocess=args.preprocess, progress=progress).table())
-        finally:
-            if progress is not None:
-                progress.close()
+        def verify():
+            from ..evaluate import compare
+            progress = bars(args)
+            try:
+                print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,
+                              preprocess=args.preprocess, progress=progress).table())
+            finally:
+                if progress is not None:
+                    progress.close()
+    written = write_result(result, args, out, report_path, verify)
     if args.engine:
         from ..prepare import read_data
         from .build import build_and_check
