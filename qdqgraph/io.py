@@ -151,12 +151,39 @@ def raise_opset(model: onnx.ModelProto, minimum: int = MIN_OPSET,
         return model, None
     from onnx import version_converter
     try:
-        converted = version_converter.convert_version(model, minimum)
+        if tensor_bytes(model) < EXTERNAL_DATA_THRESHOLD:
+            converted = version_converter.convert_version(model, minimum)
+        else:
+            converted = _convert_large(model, minimum)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise QdqError(f"the model's opset {old} could not be raised to {minimum}, which {why} needs ({first})",
                        f"re-export the model at opset {minimum} or newer") from e
     return converted, old
+
+
+def _convert_large(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
+    """The version converter on a model past protobuf's 2 GB, which it cannot serialize ("Failed to
+    serialize proto"): it converts a copy whose large initializers (of any type: INT8 weights of a
+    large model are large too) are typed graph inputs, the nodes needing their types and not their
+    values; the initializers are then put back as they were."""
+    from onnx import version_converter
+    light = _without_initializers(model)
+    declared = {i.name for i in light.graph.input}
+    moved = set()
+    for t in model.graph.initializer:
+        if t.HasField("raw_data") and declared_bytes(t) >= SHAPES_ONLY_MIN_BYTES:
+            moved.add(t.name)
+            if t.name not in declared:
+                light.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            light.graph.initializer.add().CopyFrom(t)
+    converted = version_converter.convert_version(light, minimum)
+    kept = [i for i in converted.graph.input if i.name not in moved or i.name in declared]
+    del converted.graph.input[:]
+    converted.graph.input.extend(kept)
+    converted.graph.initializer.extend(t for t in model.graph.initializer if t.name in moved)
+    return converted
 
 
 _IN_MEMORY_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.INT8,
@@ -592,6 +619,9 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
         # names, then point the model at the final data name
         scratch = tmp_data.with_name(tmp_data.name + ".model")
         try:
+            # the output policy made the temporary file (an empty one, so the name is ours); onnx
+            # refuses to write external data into a file that exists
+            tmp_data.unlink()
             _write_external(model, scratch, tmp_data.name)
             m = onnx.load(str(scratch), load_external_data=False)
         finally:

@@ -658,3 +658,100 @@ def test_30_local_functions_are_inlined_and_quantized(tmp_path, capsys):
     r = qdqgraph.quantize(m, calib=str(dp))
     assert len(r.model.functions) == 0 and r.plan.decisions["ConvRelu/Conv_0__1"].quantized
     assert m.SerializeToString() == before
+
+
+# --------------------------------------- 31. outputs past 2 GB, and FP8/INT4 of models past 2 GB
+
+def _mlp(hidden: int = 256, opset: int = 17) -> onnx.ModelProto:
+    import motifs
+    g = motifs.G("mlp")
+    x = g.input("x", ["b", 8, hidden])
+    h = g.node("Relu", [g.node("MatMul", [x, g.weight("w1", (hidden, hidden), hidden ** -0.5)], name="fc1")], name="act")
+    g.node("MatMul", [h, g.weight("w2", (hidden, hidden), hidden ** -0.5)], ["y"], name="fc2")
+    g.output("y")
+    return g.model(opset)
+
+
+def _no_large_serialization(monkeypatch):
+    """The version converter serializes the model it converts, which protobuf refuses past 2 GB
+    ("Failed to serialize proto"): a model past the (lowered) threshold must not reach it."""
+    from onnx import version_converter
+    from qdqgraph import io
+    real = version_converter.convert_version
+
+    def convert(model, target):
+        if io.tensor_bytes(model) >= io.EXTERNAL_DATA_THRESHOLD:
+            raise RuntimeError("Failed to serialize proto")
+        return real(model, target)
+    monkeypatch.setattr(version_converter, "convert_version", convert)
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8", "int4"])
+def test_31_a_model_past_2gb_is_quantized_and_written_with_external_data(tmp_path, capsys, monkeypatch, precision):
+    """Was: `External data file exists in .q.onnx.data.XXXX.tmp` for an output in the current folder
+    (onnx looks for the data file relative to the working directory), and "Failed to serialize
+    proto" raising the opset for FP8 (19) and INT4 (21). The threshold stands in for 2 GB."""
+    import onnxruntime as ort
+    from qdqgraph import io
+    import motifs
+    m = _mlp(opset=13)
+    monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD", 100_000)          # the weights: 2 x 256 KB
+    _no_large_serialization(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    onnx.save(m, "m.onnx")
+    np.savez("d.npz", **motifs.sample_data(m))
+    extra = ["--int4-method", "rtn", "--block-size", "64"] if precision == "int4" else []
+    assert main(["insert", "m.onnx", "--calib", "d.npz", "-o", "q.onnx", "--precision", precision, *extra]) == 0, \
+        capsys.readouterr().err
+    out = capsys.readouterr().out
+    external = precision != "int4"                 # INT4 weights: 64 KB, below the threshold
+    assert files(tmp_path) == {"m.onnx", "d.npz", "q.onnx"} | ({"q.onnx.data"} if external else set())
+    onnx.checker.check_model(str(tmp_path / "q.onnx"), full_check=True)
+    q = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in q.graph.initializer) == external
+    assert io.opset_of(q) >= {"int8": 13, "fp8": 19, "int4": 21}[precision]
+    sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"x": np.ones((1, 8, 256), np.float32)})[0].shape == (1, 8, 256)
+    assert "SQNR" in out
+
+
+def test_31_save_with_external_data_into_the_current_folder(tmp_path, monkeypatch):
+    """onnx looked for the data file relative to the working directory, where the output policy's
+    temporary file already stood: `External data file exists in .q.onnx.data.XXXX.tmp`."""
+    import motifs
+    from qdqgraph import io
+    monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD", 1000)
+    monkeypatch.chdir(tmp_path)
+    written = io.save(motifs.conv_relu(c=32), "q.onnx")
+    assert [p.name for p in written] == ["q.onnx", "q.onnx.data"] and files(tmp_path) == {"q.onnx", "q.onnx.data"}
+    onnx.checker.check_model("q.onnx", full_check=True)
+
+
+@pytest.mark.slow
+def test_31_a_real_model_past_2gb_int4(tmp_path, capsys):
+    """Two MatMuls whose float weights total 2.15 GB (one tensor cannot pass protobuf's 2 GB), quantized
+    to INT4 by rounding to nearest: the opset raised past protobuf's limit (was "Failed to serialize
+    proto"), the output written. Needs about 14 GB of free memory."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if available < 14 << 30:
+        pytest.skip("needs about 14 GB of free memory")
+    from onnx import numpy_helper
+    n = 16_384                                     # 2 x 16384^2 x 4 bytes = 2.15 GB
+    rng = np.random.default_rng(0)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+                           helper.make_node("MatMul", ["h", "w2"], ["y"], name="fc2")], "big",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, n])])
+    for name in ("w1", "w2"):
+        g.initializer.append(numpy_helper.from_array(rng.standard_normal((n, n), dtype=np.float32) * n ** -0.5, name))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    mp = tmp_path / "big.onnx"
+    onnx.save(m, str(mp), save_as_external_data=True, location="big.onnx.data")
+    del m, g
+    assert main(["insert", str(mp), "--precision", "int4", "--int4-method", "rtn", "-o", str(tmp_path / "q.onnx"),
+                 "--quiet"]) == 0, capsys.readouterr().err
+    assert files(tmp_path) == {"big.onnx", "big.onnx.data", "q.onnx"}   # INT4: 0.54 GB, one file
+    q = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
+    assert sum(nd.op_type == "DequantizeLinear" for nd in q.graph.node) == 2
+    onnx.checker.check_model(str(tmp_path / "q.onnx"))
