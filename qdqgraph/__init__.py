@@ -22,7 +22,8 @@ from .pipeline import Result, quantize  # noqa: E402
 from .fix import FixResult, fix  # noqa: E402
 from .placement import Selection, plan_placement  # noqa: E402
 from .placement import load_ruleset  # noqa: E402
+from .runtime import deployment_session as session  # noqa: E402
 
 __all__ = ["QdqError", "load", "save", "to_model", "fold_batchnorm", "fold_constants", "plan_placement",
            "insert_qdq", "strip_qdq", "qdq_violations", "quantize", "Result", "QuantizeConfig", "calibrate",
-           "Calibration", "merge_calibrations", "Selection", "load_ruleset", "fix", "FixResult"]
+           "Calibration", "merge_calibrations", "Selection", "load_ruleset", "fix", "FixResult", "session"]

@@ -25,6 +25,7 @@ from .config import QuantizeConfig, config_from
 from .data import CalibrationData
 from .errors import InvariantError, QdqError
 from .formats import label
+from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
 from .passes.insert import insert_qdq
@@ -419,6 +420,7 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
     """The written model: float islands in cfg.high_precision (opset raised to 19 for their
     scales), checked. With `data`, ops whose outputs reach passes.precision.RANGE_LIMIT on a few
     samples stay float32. Returns the model and the graph it was exported from."""
+    report.add([bias_to_add(loaded.graph)])        # every onnxruntime session then computes what TensorRT does
     if cfg.high_precision == "fp32":
         with report.stage("insert"):
             model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from .formats import DEFAULT_PRECISION, OPSETS, label
 from .passes.base import PassResult
 from .profile import Profile
-from .runtime import DISABLED_OPTIMIZERS, FP16_FAULTS
 from .placement.plan import Plan
 
 
@@ -244,9 +243,10 @@ class InsertReport(RunLog):
                 lines.append(f"  {op} {rule}: {reason}  [{ex}]")
         p = self.precision
         if p and p["high_precision"] != "fp32":
+            hint = ("; in onnxruntime, run it in qdqgraph.session(model) (README, Deployment)"
+                    if precision == "fp8" else "")
             lines.append(f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
-                         f"casts, {len(p['kept_fp32'])} nodes kept fp32); in onnxruntime, run it with "
-                         f"disabled_optimizers={_ort_disabled(precision)} (README, Deployment)")
+                         f"casts, {len(p['kept_fp32'])} nodes kept fp32){hint}")
         compiler = "TensorRT for RTX" if (self.tensorrt or {}).get("target") == "tensorrt-rtx" else "TensorRT"
         if self.tensorrt and self.int4:
             t = self.tensorrt
@@ -277,13 +277,6 @@ class InsertReport(RunLog):
         if self.output:
             lines.append(f"wrote {self.output}")
         return "\n".join(lines)
-
-
-def _ort_disabled(precision: str) -> list[str]:
-    """The onnxruntime graph optimizations to turn off when running the written model (README,
-    Deployment): WeightBiasQuantization for FP16 islands, and for FP8 the Relu/Clip rewrites that
-    drop a Relu before an FP8 Q (qdqgraph.runtime.DISABLED_OPTIMIZERS)."""
-    return DISABLED_OPTIMIZERS if precision == "fp8" else FP16_FAULTS
 
 
 def _pct(share: float) -> str:

@@ -282,3 +282,15 @@ def float_activations(loaded: io.Loaded, names: list[str], data, samples: int, p
         if k >= samples:
             return
         yield dict(zip(names, sess.run(names, feed)))
+
+
+def deployment_session(model, providers: list[str] | None = None, options=None):
+    """An onnxruntime session that computes a qdqgraph model as TensorRT does: onnxruntime's own
+    optimizations, less the rewrites that change what a Q/DQ model computes (DISABLED_OPTIMIZERS:
+    WeightBiasQuantization's INT32 bias, ReluQuantRewrite's dropped Relu before an FP8 Q), at the basic
+    level where this onnxruntime refuses FP8 above it. `model`: a path or a ModelProto; `options`:
+    onnxruntime.SessionOptions of the caller's (custom-op libraries registered, threads); `providers`:
+    onnxruntime's names (default: CPU). Exported as `qdqgraph.session`."""
+    import onnxruntime as ort
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return _inference_session(source, options or ort.SessionOptions(), providers or ["CPUExecutionProvider"])

@@ -246,13 +246,12 @@ def test_bias_correction_removes_the_mean_shift_of_int8_weights():
     rng = np.random.default_rng(3)
     data = {"x": (rng.standard_normal((16, 1, 16, 8, 8)) + 1.0).astype(np.float32)}
     def mean_shift(model):
-        g = io.load(model).graph
-        conv = [n for n in g.nodes if n.name == "conv"][0]
-        g.outputs = [conv.outputs[0]]
-        out = run(io.to_model(io.Loaded(graph=g, ir_version=8)), {"x": data["x"][0]})[0]
         g0 = io.load(m).graph
         c0 = [n for n in g0.nodes if n.name == "conv"][0]
         g0.outputs = [c0.outputs[0]]
+        g = io.load(model).graph                   # the same tensor: the conv's output, bias added
+        g.outputs = [t for n in g.nodes for t in n.outputs if t.name == c0.outputs[0].name]
+        out = run(io.to_model(io.Loaded(graph=g, ir_version=8)), {"x": data["x"][0]})[0]
         f = run(io.to_model(io.Loaded(graph=g0, ir_version=8)), {"x": data["x"][0]})[0]
         return float(np.abs((out - f).mean(axis=(0, 2, 3))).mean())
 

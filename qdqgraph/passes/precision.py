@@ -14,8 +14,10 @@ FP32. This pass retypes them:
   each float output;
 - where an island tensor meets a float32 slot (or the reverse), one Cast per tensor and type is
   inserted and shared by all such consumers;
-- a scale that would round to 0 or overflow in the island type is clamped (and reported), so it
-  stays finite and > 0.
+- a weight's scale with channels that round to 0 in the island type gets the type's smallest normal
+  value there, and those channels' integers are requantized to it (the weight keeps its value);
+  an activation scale that would round to 0 or overflow is clamped (and reported), so it stays
+  finite and > 0 (its tensor is then all but zero, or beyond any quantized range anyway).
 
 Where calibration data is at hand, `measure_ranges` runs the float32 Q/DQ model on a few samples
 and every op whose float output reaches `RANGE_LIMIT` stays float32 too (rule H5): FP16 overflows
@@ -84,6 +86,7 @@ class _Tally:
     dq_copies: int = 0                                      # float32 DQs added beside FP16 ones
     kept: list[tuple[str, str]] = field(default_factory=list)   # (node, rule id or reason)
     clamped_scales: list[str] = field(default_factory=list)
+    rescaled_weights: list[str] = field(default_factory=list)   # weight DQs whose tiny channels were requantized
 
 
 def _schema(node: gs.Node, opset: int):
@@ -266,12 +269,40 @@ class _Retyper:
         if want == F32:
             return
         values = t.values.astype(want)
+        if slot == 1 and self.vocab.is_(node, "dequantize") and isinstance(node.inputs[0], gs.Constant) \
+                and "block_size" not in node.attrs and not np.all(np.isfinite(values) & (values > 0)):
+            self._rescale_weight(node, t, want)          # a weight's scale FP16 cannot hold: the weight requantized
+            return
         if self.vocab.is_(node, "quantize") or self.vocab.is_(node, "dequantize"):
             values = self._safe_scale(t, values) if slot == 1 else values
         key = (t.name, want)
         if key not in self.casts:
             self.casts[key] = gs.Constant(f"{t.name}_{_short(want)}", values)
         node.inputs[slot] = self.casts[key]
+
+    def _rescale_weight(self, node: gs.Node, t: gs.Constant, want: np.dtype) -> None:
+        """A weight DQ whose scale (some channels of it) rounds to 0 in the island type: those channels
+        take the type's smallest normal value as scale and their integers are requantized to it, so the
+        dequantized weight keeps its value (a channel that small rounds to 0 or a few steps) instead of
+        growing by the ratio of the two scales. The node gets its own weight and scale constants."""
+        old = np.asarray(t.values, np.float32)
+        info = ml_dtypes.finfo(want)
+        new = np.where(np.isfinite(old.astype(want).astype(np.float32)) & (old.astype(want) > 0), old,
+                       np.float32(info.smallest_normal)).astype(np.float32)
+        weight = node.inputs[0]
+        q = np.asarray(weight.values)
+        axis = int(node.attrs.get("axis", 1)) % max(q.ndim, 1) if old.size > 1 else None
+        shape = [1] * q.ndim
+        if axis is not None:
+            shape[axis] = old.size
+        ratio = (old / new).reshape(shape) if axis is not None else old / new
+        lo, hi = (np.iinfo(q.dtype).min, np.iinfo(q.dtype).max) if np.issubdtype(q.dtype, np.integer) else (None, None)
+        requantized = np.round(q.astype(np.float64) * ratio)
+        if lo is not None:
+            requantized = np.clip(requantized, lo, hi)
+        node.inputs[0] = gs.Constant(self._fresh(f"{weight.name}_rescaled"), requantized.astype(q.dtype))
+        node.inputs[1] = gs.Constant(self._fresh(f"{t.name}_{_short(want)}"), new.astype(want))
+        self.result.rescaled_weights.append(node.name)
 
     def _safe_scale(self, t: gs.Constant, values: np.ndarray) -> np.ndarray:
         info = ml_dtypes.finfo(values.dtype)
@@ -382,11 +413,12 @@ def lower_float_islands(graph: gs.Graph, high_precision: str = "fp16", opset: in
         raise QdqError(f"unknown high precision {high_precision!r}", f"use one of {', '.join(HIGH_PRECISIONS)}")
     if high_precision == "fp32":
         return result("float_islands", False, dtype="fp32", retyped=0, casts=0, dq_copies=0, kept=[],
-                      clamped_scales=[])
+                      clamped_scales=[], rescaled_weights=[])
     graph.toposort()
     t = _Retyper(graph, ISLAND_TYPES[high_precision], opset, ranges or {}).run()
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     return result("float_islands", t.retyped > 0, dtype=t.dtype, retyped=t.retyped, casts=t.casts,
                   dq_copies=t.dq_copies, kept=t.kept, clamped_scales=t.clamped_scales,
+                  rescaled_weights=t.rescaled_weights,
                   warnings=[f"scale {n} does not fit {t.dtype}; clamped to stay finite and > 0"
                             for n in t.clamped_scales])

@@ -9,6 +9,7 @@ from .. import api_checks
 from ..ops import CAST, DEQUANTIZE, QUANTIZE
 from ..view import GraphView
 from .base import PassResult, result
+from .bias_add import fold_bias_adds
 
 
 def _dequantize(view, dq) -> np.ndarray | None:
@@ -75,6 +76,13 @@ def strip_qdq(graph: gs.Graph) -> PassResult:
     keeps their types: where a Q's input and its DQ's output differ in type, a Cast takes the DQ's
     place."""
     api_checks.graph(graph, "strip_qdq")
+    removed, casts, biases = _strip_graph(graph)
+    return result("strip_qdq", removed > 0, removed=removed, casts=casts, biases=biases)
+
+
+def _strip_graph(graph: gs.Graph) -> tuple[int, int, int]:
+    """strip_qdq on `graph` and on the bodies of its If nodes (quantized on their own samples):
+    DequantizeLinear nodes removed, Casts added, biases folded back."""
     view = GraphView(graph)
     removed = 0
     casts: dict = {}
@@ -92,4 +100,10 @@ def strip_qdq(graph: gs.Graph) -> PassResult:
         dq.outputs.clear()
         removed += 1
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    return result("strip_qdq", removed > 0, removed=removed, casts=len(casts))
+    biases = fold_bias_adds(graph) if removed else 0     # insert wrote a quantized conv's bias as an Add
+    added = len(casts)
+    for node in graph.nodes:
+        for body in (v for v in node.attrs.values() if isinstance(v, gs.Graph)):
+            r, c, b = _strip_graph(body)
+            removed, added, biases = removed + r, added + c, biases + b
+    return removed, added, biases

@@ -63,7 +63,7 @@ def _const_qdq(g: SimGraph, tensor: str) -> bool:
 
 
 def _conv_pattern(g: SimGraph, tensor: str, limit: int = 4) -> SNode | None:
-    """The weighted op at the head of Conv[->BN][->Act] ending in `tensor`, each tensor used once."""
+    """The weighted op at the head of Conv[->bias Add][->BN][->Act] ending in `tensor`, each tensor used once."""
     for _ in range(limit):
         if len(g.consumers(tensor)) != 1:
             return None
@@ -72,7 +72,8 @@ def _conv_pattern(g: SimGraph, tensor: str, limit: int = 4) -> SNode | None:
             return None
         if g.vocab.is_(p, "weighted"):
             return p
-        if not (g.vocab.is_(p, "batchnorm") or g.vocab.is_(p, "epilogue")) or not g.data_inputs(p):
+        bias = g.vocab.is_(p, "add") and len(g.data_inputs(p)) == 1       # Add of a constant: the bias
+        if not (g.vocab.is_(p, "batchnorm") or g.vocab.is_(p, "epilogue") or bias) or not g.data_inputs(p):
             return None
         tensor = g.data_inputs(p)[0]
     return None
