@@ -2,6 +2,8 @@
 listed as graph inputs), onnx.compose.merge_models outputs (one opset_import per merged graph) and
 Paddle's placeholder dim names. Each is built here in code the way its exporter wrote it, and must
 come out quantized, valid and loadable by onnxruntime."""
+import importlib.util
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -372,3 +374,32 @@ def test_require_int8_refused_for_int4_weights(t12_files, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--precision int4 quantizes weights only" in err[0]
     assert _files(mp.parent) == {"t12.onnx", "t12.npz"}
+
+
+# ------------------------------------------------------------------ the compiler builds each vintage
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs TensorRT for RTX")
+@pytest.mark.parametrize("vintage", ["torch12", "merged", "paddle"])
+def test_each_vintage_is_quantized_and_built_by_tensorrt_for_rtx(vintage, tmp_path, capsys):
+    """The issue's must-show: the opset-9 unnamed-node export, the merge_models output and the "?"
+    model are quantized, load in onnxruntime and compile with TensorRT for RTX, their quantized
+    convolutions as INT8 kernels."""
+    import json
+    model, shape, shapes = {
+        "torch12": (torch12_cnn(), (1, 3, 32, 32), "input.1:1x3x32x32"),
+        "merged": (merged_model(), None, None),
+        "paddle": (paddle_cnn(), (1, 3, 48, 64), "x:1x3x48x192"),
+    }[vintage]
+    name = model.graph.input[0].name
+    if shape is None:
+        dims = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+        shape, shapes = tuple(dims), f"{name}:" + "x".join(map(str, dims))
+    data = {name: np.random.default_rng(1).standard_normal((8, *shape)).astype(np.float32)}
+    out = qdqgraph.quantize(model, data).model
+    _loads_everywhere(out)
+    path = tmp_path / f"{vintage}.qdq.onnx"
+    onnx.save(out, path)
+    assert main(["build", str(path), "-o", str(tmp_path / "e.engine"), "--shapes", shapes,
+                 "--layer-info", str(tmp_path / "l.json")]) == 0
+    doc = json.loads((tmp_path / "l.json").read_text())
+    assert doc["check"]["summary"]["quantized_kernels"] >= 1 and doc["check"]["summary"]["share"] == 1.0
