@@ -30,5 +30,7 @@ else
     right || { echo "ort_versions: $VENV does not hold onnxruntime $ORT and this checkout" >&2; exit 1; }
 fi
 "$VENV/bin/python" -c "import onnxruntime; print('== onnxruntime', onnxruntime.__version__)"
+# the unit tests, and FP8/INT4 of every zoo and torchvision model built by TensorRT for RTX (slow tier,
+# where QDQGRAPH_ZOO / QDQGRAPH_TORCHVISION point at the models; skipped without them)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_fp8.py tests/test_int4_pipeline.py \
-    tests/test_int4_weights.py tests/test_ort_versions.py "$@"
+    tests/test_int4_weights.py tests/test_ort_versions.py tests/test_engines.py -k "not test_engines or fp8 or int4" "$@"
