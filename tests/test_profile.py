@@ -60,8 +60,8 @@ def test_insert_verbose_prints_the_profile_and_the_json_holds_it(tmp_path, capsy
     out = capsys.readouterr().out
     assert "profile: stage" in out and "\n  save " in out and "\n  verify " in out and "\n  total " in out
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert {"load", "clean", "plan", "calibrate", "insert", "simulate", "save", "verify"} <= set(doc["profile"])
-    assert set(doc["stages"]) >= {"save", "verify"}
+    assert {"load", "clean", "plan", "calibrate", "insert", "simulate", "save"} <= set(doc["profile"])
+    assert "save" in doc["stages"]
     assert main(["insert", str(src), "--calib", str(tmp_path / "d.npz"), "-o", str(tmp_path / "q.onnx"),
                  "--force"]) == 0
     assert "profile: stage" not in capsys.readouterr().out

@@ -81,21 +81,22 @@ def add(sub) -> None:
 
 
 def write_result(result, args, out: Path, report_path, verify=None) -> list:
-    """Save the model (the input protected), print the summary unless quiet, then the warnings on
-    stderr; then `verify()` (a stage of the profile, printed), and the JSON report. With --verbose
-    the stage profile ends the output. Returns the written paths."""
+    """Save the model (the input protected) and the JSON report, print the summary unless quiet,
+    then the warnings on stderr; then `verify()`, a stage of the profile that --verbose prints at
+    the end (the JSON, written before it so that an interrupted check leaves it, has not got it).
+    Returns the written paths."""
     from .. import io
     with result.report.stage("save"):
         written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
     result.report.output = str(written[0])
+    if report_path:
+        outputs.write_text(report_path, result.report.to_json(), force=args.force)
     if not args.quiet:
         print(result.report.summary(warnings=False))
     warn_all(result.report.warnings)
     if verify is not None:
         with result.report.stage("verify"):
             verify()
-    if report_path:
-        outputs.write_text(report_path, result.report.to_json(), force=args.force)
     if getattr(args, "verbose", False) and not args.quiet:
         print("\n".join(result.report.profile.lines()))
     return written
