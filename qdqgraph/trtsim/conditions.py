@@ -258,20 +258,23 @@ def c_pointwise_layer(ctx, node, arg):
 
 @CONDITIONS.register("generated_epilogue")
 def c_generated_epilogue(ctx, node, arg):
-    """The layer's epilogue needs a generated kernel after the convolution or GEMM: some op beyond the
-    bias and an activation the kernel applies itself (kernel_activation), e.g. a written-out
-    HardSwish, a SiLU or a residual Add."""
+    """The layer needs a generated kernel after its convolution or GEMM, in which a trailing Q can
+    round: an op beyond an activation the kernel applies itself (kernel_activation), such as a bias Add,
+    a written-out HardSwish, a SiLU or a residual Add; or, for a quantized layer, a bias (the kernel
+    writes float, and the generated kernel dequantizes and adds it). A bare GEMM has none: its Q runs
+    alone."""
     layer = ctx.layer
     if layer is None:
         return miss("not reached from a layer")
-    g = ctx.graph
+    g, anchor = ctx.graph, layer.anchor
     for n in layer.members:
-        if n is layer.anchor or n.role != OP or g.vocab.is_(n, "kernel_activation"):
+        if n is anchor or n.role != OP or g.vocab.is_(n, "kernel_activation"):
             continue
-        if g.vocab.is_(n, "add") and any(g.is_const(t) for t in n.inputs) and layer.anchor.outputs[0] in n.inputs:
-            continue                                   # the bias
-        return hit(f"{_desc(n)} runs in a generated kernel after the {layer.anchor.op}")
-    return miss(f"the {layer.anchor.op} kernel applies its whole epilogue itself")
+        return hit(f"{_desc(n)} runs in a generated kernel after the {anchor.op}")
+    dequantized = any(p is not None and p.role == DQ for p in (g.producer(t) for t in anchor.inputs[:1] if t))
+    if dequantized and len(anchor.inputs) > 2 and anchor.inputs[2]:
+        return hit(f"the quantized {anchor.op}'s bias is added in a generated kernel")
+    return miss(f"the {anchor.op} kernel applies its whole epilogue itself")
 
 
 @CONDITIONS.register("input_shared")
