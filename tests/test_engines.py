@@ -4,12 +4,16 @@ CPU; the engine is read back from the compiler's kernel listing, and every convo
 the prediction says is quantized runs on quantized inputs, and the standalone quantize kernels are
 predicted within max(1, 20 %) of the compiled count (--target tensorrt-rtx's simulator).
 
-    QDQGRAPH_ZOO=/tmp/qdqgraph-zoo QDQGRAPH_TORCHVISION=/tmp/qdqgraph-tv/models pytest -m slow tests/test_engines.py
+    QDQGRAPH_ZOO=/tmp/qdqgraph-zoo QDQGRAPH_TORCHVISION=/tmp/qdqgraph-tv/models \
+        QDQGRAPH_TRANSFORMERS=/tmp/qdqgraph-tfm pytest -m slow tests/test_engines.py
+
+The transformer set (benchmarks/transformers/setup.sh) is built as float, INT8 and FP8.
 
 benchmarks/build_engines.py prints the same builds as a table (docs/BUILD.md).
 """
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +30,15 @@ COMPILER_FAILS = {
 }
 
 
+TFM = Path(os.environ.get("QDQGRAPH_TRANSFORMERS", "/tmp/qdqgraph-tfm"))
+TFM_MODELS = ["vit_s_focus", "gector_distilbert", "whisper_tiny_en_encoder", "whisper_tiny_en_decoder"]
+TFM_VARIANTS = ("float", "int8", "fp8")      # the transformer set's inserts take 10-35 s each: the main outputs
+
+
 def cases():
+    for n in TFM_MODELS:
+        for v in TFM_VARIANTS:
+            yield pytest.param(TFM / "models" / f"{n}.onnx", TFM / "calib" / f"{n}.npz", v, id=f"{n}-{v}")
     for n in ZOO_MODELS:
         for v in VARIANTS:
             yield pytest.param(ZOO / "models" / f"{n}.onnx", ZOO / "calib" / f"{n}.npz", v, id=f"{n}-{v}")
