@@ -55,9 +55,13 @@ class Profile:
         self.rows: dict[str, dict] = {}
         self._open: list[str] = []
 
+    def path(self, name: str) -> str:
+        """The row a stage or step called `name` opened now is counted in."""
+        return "/".join([*self._open, name])
+
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        path = "/".join([*self._open, name])
+        path = self.path(name)
         self.rows.setdefault(path, {"seconds": 0.0, "calls": 0})     # a parent row comes before its steps
         self._open.append(name)
         token = _ACTIVE.set(self)
