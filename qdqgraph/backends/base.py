@@ -4,6 +4,7 @@ datacenter TensorRT and TensorRT for RTX share). A backend module says how to im
 how to set up the network and the config, and how to read the compiled engine back."""
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections import Counter
@@ -93,6 +94,28 @@ def parser_errors(parser) -> list[str]:
         desc = re.sub(r"\s+", " ", str(e.desc())).strip()
         lines.append(f"{where}: {desc}")
     return lines
+
+
+def import_compiler(module: str, label: str, install: str):
+    """The compiler's Python module, or a QdqError naming what is missing and `install`."""
+    try:
+        trt = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken or stub package that raises on import
+        raise QdqError(f"{label} is not installed here (import {module}: {type(e).__name__}: {_first_line(e)})",
+                       install) from None
+    if not hasattr(trt, "Builder"):
+        raise QdqError(f"the installed `{module}` package has no builder (a placeholder without the library)",
+                       install)
+    return trt
+
+
+def unavailable(import_module) -> str | None:
+    """None when `import_module()` succeeds, else its one-line reason."""
+    try:
+        import_module()
+    except QdqError as e:
+        return e.problem
+    return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -31,13 +31,7 @@ OLDEST = 8
 
 def import_module():
     """The `tensorrt` module, or a QdqError naming what is missing and how to install it."""
-    try:
-        import tensorrt as trt
-    except Exception as e:  # noqa: BLE001 - ImportError, or a stub package that raises on import
-        raise QdqError(f"TensorRT is not installed here (import tensorrt: {type(e).__name__}: "
-                       f"{base._first_line(e) if str(e).strip() else 'no module'})", INSTALL) from None
-    if not hasattr(trt, "Builder"):
-        raise QdqError("the installed `tensorrt` package is a placeholder without the library", INSTALL)
+    trt = base.import_compiler("tensorrt", "TensorRT", INSTALL)
     major(trt)
     return trt
 
@@ -55,11 +49,7 @@ def major(trt) -> int:
 
 
 def available() -> str | None:
-    try:
-        import_module()
-    except QdqError as e:
-        return e.problem
-    return None
+    return base.unavailable(import_module)
 
 
 def _network_flags(trt) -> tuple[int, bool]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..errors import QdqError
 from . import base, listing, targets
 
 NAME = "tensorrt-rtx"
@@ -21,22 +20,11 @@ INSTALL = "pip install 'qdqgraph[rtx]' (TensorRT for RTX, from the package index
 
 
 def import_module():
-    try:
-        import tensorrt_rtx as trt
-    except Exception as e:  # noqa: BLE001 - ImportError, or a broken install that raises on import
-        raise QdqError(f"TensorRT for RTX is not installed here (import tensorrt_rtx: {type(e).__name__}: "
-                       f"{base._first_line(e)})", INSTALL) from None
-    if not hasattr(trt, "Builder"):
-        raise QdqError("the installed `tensorrt_rtx` package has no builder", INSTALL)
-    return trt
+    return base.import_compiler("tensorrt_rtx", "TensorRT for RTX", INSTALL)
 
 
 def available() -> str | None:
-    try:
-        import_module()
-    except QdqError as e:
-        return e.problem
-    return None
+    return base.unavailable(import_module)
 
 
 def build(model, plan: Path, options: base.BuildOptions) -> base.BuildResult:
