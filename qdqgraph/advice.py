@@ -132,7 +132,8 @@ def _fixable_ifs(graph: gs.Graph, data) -> list[str]:
 
 
 def _input_ancestors(view: GraphView, t: gs.Tensor, inputs: set[str], limit: int = 64) -> set[str]:
-    found, stack, seen = set(), [t], set()
+    found: set[str] = set()
+    stack, seen = [t], set[str]()
     while stack and len(seen) < limit:
         x = stack.pop()
         if x.name in seen:

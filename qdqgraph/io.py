@@ -544,7 +544,8 @@ def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.
     swapped, arrays = [], {}
     for t in loaded.graph.tensors().values():
         v = getattr(t, "_values", None)
-        if not isinstance(t, gs.Constant) or isinstance(v, gs.ir.tensor.SparseValues) or v.nbytes < IN_MEMORY_MIN_BYTES:
+        if not isinstance(t, gs.Constant) or v is None or isinstance(v, gs.ir.tensor.SparseValues) \
+                or v.nbytes < IN_MEMORY_MIN_BYTES:
             continue
         a = np.ascontiguousarray(t.values)
         try:

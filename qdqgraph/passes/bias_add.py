@@ -38,7 +38,9 @@ def bias_to_add(graph: gs.Graph) -> PassResult:
         values = np.asarray(bias.values)
         out = node.outputs[0]
         if vocab.is_(node, "conv"):
-            weight = view.producer(node.inputs[1]).inputs[0]        # the DQ's INT8 weight: [C, ..., k...]
+            dq = view.producer(node.inputs[1])
+            assert dq is not None                                    # _dequantized checked it above
+            weight = dq.inputs[0]                                    # the DQ's INT8 weight: [C, ..., k...]
             values = values.reshape([1, values.size] + [1] * (len(weight.shape) - 2))
         elif node.attrs.get("alpha", 1.0) != 1.0 or node.attrs.get("beta", 1.0) != 1.0:
             continue                                   # Gemm scaling its bias: left as it is
