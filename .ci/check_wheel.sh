@@ -25,7 +25,8 @@ for kind in whl tar.gz; do
     if [ "$kind" = whl ]; then          # the rtx extra: an engine built from the installed package's rules
         "$venv/bin/pip" install -q "$(ls "$WORK"/dist/qdqgraph-*.whl)[rtx]"
         "$venv/bin/qdqgraph" build ex/q.onnx -o ex/q.engine --calib ex/tiny_resnet_calib.npz \
-            --layer-info ex/layers.json | grep -q "compute kernels: 10/10 as predicted"
+            --layer-info ex/layers.json > ex/build.txt
+        grep -q "compute kernels: 10/10 as predicted" ex/build.txt || { cat ex/build.txt; exit 1; }
     fi
     "$venv/bin/python" - <<'PY'
 import onnx, onnxruntime as ort, numpy as np, qdqgraph, pathlib

@@ -307,3 +307,30 @@ def test_calibrate_bad_shard_spec(model_and_data, capsys):
     mp, dp = model_and_data
     assert main(["calibrate", str(mp), "--calib", str(dp), "--shard", "3/2", "-o", str(mp.parent / "x.state")]) == 2
     assert "--shard" in one_error_line(capsys)
+
+
+def test_a_closed_pipe_on_stdout_is_no_internal_error(tmp_path, monkeypatch, capsys):
+    """`qdqgraph report m.onnx | head -1`: the reader stops early and the next write raises
+    BrokenPipeError; qdqgraph exits as a process killed by SIGPIPE would (141), without a word."""
+    import sys
+
+    import onnx
+
+    from qdqgraph.testing import models
+    path = tmp_path / "r18.onnx"
+    onnx.save(models.resnet18("qat-residual"), path)
+    sink = open(tmp_path / "sink", "w")
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            return sink.fileno()
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["report", str(path)]) == 141
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err

@@ -9,6 +9,7 @@ and the line says what was written). Warnings go to stderr, each once, prefixed 
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -101,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"qdqgraph: {what}; no output was written", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
+    except BrokenPipeError:            # the reader of stdout stopped (`qdqgraph report m.onnx | head`)
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no error at interpreter exit
+        except OSError:
+            pass
+        return 141                     # as a process killed by SIGPIPE: what the shell expects of a pipe
     except SystemExit as e:            # --help and --version exit through argparse
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     except Exception as e:  # a bug in qdqgraph: one line, the traceback with --debug
