@@ -11,8 +11,8 @@ ORT=1.31.1
 VENV=${QDQGRAPH_ORT131_VENV:-/tmp/qdqgraph-ort-$ORT}
 PY=${PYTHON3:-python3}
 
-right() {
-    "$VENV/bin/python" - "$ORT" "$REPO" <<'PY' 2>/dev/null
+right() {      # run from / so that `import qdqgraph` finds the venv's install, not the current folder
+    (cd / && "$VENV/bin/python" - "$ORT" "$REPO") <<'PY' 2>/dev/null
 import sys, pathlib, onnxruntime, qdqgraph, pytest
 want, repo = sys.argv[1], pathlib.Path(sys.argv[2]).resolve()
 ok = onnxruntime.__version__ == want and pathlib.Path(qdqgraph.__file__).resolve().is_relative_to(repo)
