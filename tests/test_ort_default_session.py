@@ -84,3 +84,16 @@ def test_a_weight_scale_fp16_cannot_hold_requantizes_the_weight_instead_of_growi
     # the tiny channel stays tiny: before, its scale was clamped up to 6e-5 and its outputs grew ~1e5 times
     assert float(np.abs(q_out[:, 3]).max()) < 1e-3
     assert sqnr(float_out, q_out) > 30
+
+
+def test_the_speed_lines_stripped_copy_names_no_tensor_twice(tmp_path, capfd):
+    """insert strips a copy of its output for the FP16 estimate; folding the bias Adds back must not
+    give two tensors one name (graphsurgeon then prints a warning block per conv)."""
+    from qdqgraph.cli import main
+    m = motifs.residual_add()
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", **motifs.sample_data(m))
+    assert main(["insert", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "d.npz"), "-o",
+                 str(tmp_path / "o.onnx")]) == 0
+    out, err = capfd.readouterr()
+    assert "share the same name" not in out + err and "speed:" in out

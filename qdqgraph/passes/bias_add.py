@@ -28,6 +28,7 @@ def bias_to_add(graph: gs.Graph) -> PassResult:
     dequantized into an Add after the op, in place."""
     vocab = vocabulary()
     view = GraphView(graph, vocab)
+    taken = set(graph.tensors())
     moved = []
     for node in list(graph.nodes):
         if not (vocab.is_(node, "conv") or vocab.is_(node, "gemm")) or len(node.inputs) < 3:
@@ -44,10 +45,10 @@ def bias_to_add(graph: gs.Graph) -> PassResult:
             values = values.reshape([1, values.size] + [1] * (len(weight.shape) - 2))
         elif node.attrs.get("alpha", 1.0) != 1.0 or node.attrs.get("beta", 1.0) != 1.0:
             continue                                   # Gemm scaling its bias: left as it is
-        before = gs.Variable(f"{out.name}_before_bias", dtype=out.dtype, shape=out.shape)
+        before = gs.Variable(_unused(taken, f"{out.name}_before_bias"), dtype=out.dtype, shape=out.shape)
         node.outputs[0] = before
         node.inputs = node.inputs[:2]
-        add = gs.Node(ADD, name=f"{node.name}_bias", inputs=[before, gs.Constant(f"{bias.name}_add", values)],
+        add = gs.Node(ADD, name=f"{node.name}_bias", inputs=[before, gs.Constant(_unused(taken, f"{bias.name}_add"), values)],
                       outputs=[out])
         graph.nodes.append(add)
         moved.append(node.name)
@@ -62,6 +63,7 @@ def fold_bias_adds(graph: gs.Graph) -> int:
     bias, in place. Returns how many were folded (strip uses it to give back the float graph)."""
     vocab = vocabulary()
     view = GraphView(graph, vocab)
+    taken = set(graph.tensors())
     folded = 0
     for node in list(graph.nodes):
         if not (vocab.is_(node, "conv") or vocab.is_(node, "gemm")) or len(node.inputs) != 2:
@@ -83,10 +85,20 @@ def fold_bias_adds(graph: gs.Graph) -> int:
         axis = 1 if vocab.is_(node, "conv") else -1
         if values.ndim >= 1 and values.shape[axis if values.ndim > 1 else 0] != channels:
             continue
-        node.inputs.append(gs.Constant(const.name.removesuffix("_add"), values.reshape(-1)))
+        node.inputs.append(gs.Constant(_unused(taken, const.name.removesuffix("_add")), values.reshape(-1)))
         node.outputs[0] = add.outputs[0]
         add.outputs.clear()
         folded += 1
     if folded:
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
     return folded
+
+
+def _unused(taken: set[str], name: str) -> str:
+    """`name`, or `name_2`, `name_3`... if a tensor of the graph already has it; recorded as taken."""
+    out, k = name, 1
+    while out in taken:
+        k += 1
+        out = f"{name}_{k}"
+    taken.add(out)
+    return out
