@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qdqgraph import estimate as E  # noqa: E402
-from qdqgraph.testing.oracles import oracles_dir  # noqa: E402
+from qdqgraph.testing.oracles import folder_or_exit  # noqa: E402
 
 TOML = Path(__file__).resolve().parents[1] / "rules" / "gpus.toml"
 
@@ -112,9 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--oracles", type=Path, default=None, help="oracles folder (default ../shared/oracles)")
     ap.add_argument("--write", action="store_true", help="write the fitted constants into rules/gpus.toml")
     args = ap.parse_args(argv)
-    folder = args.oracles or oracles_dir()
-    if folder is None or not Path(folder).is_dir():
-        print("no oracles folder: pass --oracles DIR or set QDQGRAPH_SHARED", file=sys.stderr)
+    folder = folder_or_exit(args.oracles)
+    if folder is None:
         return 2
     data = engine_arrays(Path(folder))
     names = list(data)

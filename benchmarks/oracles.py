@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qdqgraph.testing.oracles import ORACLES, compare, oracles_dir  # noqa: E402
+from qdqgraph.testing.oracles import ORACLES, compare, folder_or_exit  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -25,9 +25,8 @@ def main(argv=None) -> int:
     ap.add_argument("--oracles", type=Path, default=None, help="oracles folder (default ../shared/oracles)")
     ap.add_argument("--details", action="store_true", help="print each diff's differing layers")
     args = ap.parse_args(argv)
-    folder = args.oracles or oracles_dir()
-    if folder is None or not Path(folder).is_dir():
-        print("no oracles folder: pass --oracles DIR or set QDQGRAPH_SHARED", file=sys.stderr)
+    folder = folder_or_exit(args.oracles)
+    if folder is None:
         return 2
     header = ("oracle", "compared", "matched", "share", "precision", "grouping", "reformats sim/engine",
               "share fp16/fp32 exact")

@@ -57,10 +57,7 @@ def calib(value, func: str, required: bool = False) -> None:
     if _is_path(value):
         return
     if isinstance(value, dict):
-        bad = [k for k in value if not isinstance(k, str)]
-        if bad:
-            raise ArgumentTypeError(f"{func}(calib=...) is a dict whose keys must be model input names (str), "
-                                    f"not {_got(bad[0])}", "key each array by the name of the input it feeds")
+        _string_keys(value, f"{func}(calib=...)", "model input names", "key each array by the name of the input it feeds")
         return
     if isinstance(value, Mapping):              # np.load("x.npz"), a read-only mapping
         raise ArgumentTypeError(f"{func}(calib=...) takes {CALIB}, not {_got(value)}",
@@ -71,6 +68,12 @@ def calib(value, func: str, required: bool = False) -> None:
                                 'pass calib={"<input name>": array}, one array per model input')
     raise ArgumentTypeError(f"{func}(calib=...) takes {CALIB}, not {_got(value)}",
                             "pass a data file's path or a dict of arrays")
+
+
+def _string_keys(value: dict, where: str, what: str, fix: str) -> None:
+    bad = [k for k in value if not isinstance(k, str)]
+    if bad:
+        raise ArgumentTypeError(f"{where} is a dict whose keys must be {what} (str), not {_got(bad[0])}", fix)
 
 
 def config(value, func: str) -> None:
@@ -87,10 +90,7 @@ def calib_cache(value, func: str) -> None:
     if value is None or _is_path(value):
         return
     if isinstance(value, dict):
-        bad = [k for k in value if not isinstance(k, str)]
-        if bad:
-            raise ArgumentTypeError(f"{func}(calib_cache=...) is a dict whose keys must be tensor names (str), "
-                                    f"not {_got(bad[0])}", "key each amax by the tensor's name")
+        _string_keys(value, f"{func}(calib_cache=...)", "tensor names", "key each amax by the tensor's name")
         return
     raise ArgumentTypeError(f"{func}(calib_cache=...) takes {CACHE}, not {_got(value)}",
                             "pass the cache file's path or a dict of amaxes")

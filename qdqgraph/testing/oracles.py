@@ -41,6 +41,16 @@ def oracles_dir() -> Path | None:
     return d if d.is_dir() else None
 
 
+def folder_or_exit(given) -> Path | None:
+    """A benchmark's --oracles folder, or the default; None (after one line on stderr) when absent."""
+    import sys
+    folder = given or oracles_dir()
+    if folder is None or not Path(folder).is_dir():
+        print("no oracles folder: pass --oracles DIR or set QDQGRAPH_SHARED", file=sys.stderr)
+        return None
+    return Path(folder)
+
+
 @dataclass
 class OracleResult:
     name: str
