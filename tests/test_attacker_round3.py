@@ -755,3 +755,25 @@ def test_31_a_real_model_past_2gb_int4(tmp_path, capsys):
     q = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
     assert sum(nd.op_type == "DequantizeLinear" for nd in q.graph.node) == 2
     onnx.checker.check_model(str(tmp_path / "q.onnx"))
+
+
+# ------------------------------------------------------------------ 32. BF16 islands
+
+def test_32_bf16_islands_are_predicted_and_verify_says_why_it_is_skipped(tmp_path, capsys):
+    """--high-precision bf16: the simulator read BF16 tensors as carrying no data and crashed (the
+    summary said "the TensorRT simulation failed"); --verify then failed on onnxruntime's CPU, which has
+    no BF16 kernels, with exit 2 after the model was written and a hint to pass --calib-cache."""
+    import numpy as np
+    import onnx
+
+    import motifs
+    from qdqgraph.cli import main
+    m = motifs.residual_add()
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", **motifs.sample_data(m))
+    assert main(["insert", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "d.npz"), "-o",
+                 str(tmp_path / "b.onnx"), "--high-precision", "bf16"]) == 0
+    out, err = capsys.readouterr()
+    assert "simulation failed" not in err and "TensorRT prediction:" in out
+    assert "verify skipped: onnxruntime's CPU has no bfloat16 kernels" in out
+    onnx.checker.check_model(onnx.load(str(tmp_path / "b.onnx")), full_check=True)

@@ -131,7 +131,11 @@ def run(args) -> int:
     result = run_with_bars(args, lambda progress: quantize(args.model, args.calib, config=config,
                                                            calib_cache=args.calib_cache, progress=progress))
     verify = None
-    if not args.quiet and args.verify > 0 and args.calib is not None and args.calib != "random":
+    if not args.quiet and args.verify > 0 and config.high_precision == "bf16":
+        def verify():                  # onnxruntime's CPU kernels stop at FP16; TensorRT runs BF16 islands
+            print("verify skipped: onnxruntime's CPU has no bfloat16 kernels for this model's BF16 islands "
+                  "(compare it on a GPU provider, or insert with --high-precision fp16 or fp32 to check here)")
+    elif not args.quiet and args.verify > 0 and args.calib is not None and args.calib != "random":
         def verify():
             from ..evaluate import compare
             progress = bars(args)

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import onnx_graphsurgeon as gs
@@ -21,6 +22,13 @@ from ..view import GraphView, is_float_dtype, subgraph_reads
 from .branches import through_branches
 
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
+
+
+def _is_bfloat16(dtype) -> bool:
+    try:
+        return np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16)
+    except TypeError:
+        return False
 
 
 @lru_cache(maxsize=1 << 16)
@@ -273,11 +281,11 @@ class SimGraph:
         t = self.tensors.get(tensor)
         if t is None or t.dtype is None or self.is_int8(tensor):
             return True
-        return is_float_dtype(t.dtype)
+        return is_float_dtype(t.dtype) or _is_bfloat16(t.dtype)   # BF16 islands carry data too
 
     def float_constant_inputs(self, node: SNode) -> list[str]:
         return [t for t in node.inputs if t and (s := self.tensors.get(t)) is not None
-                and s.value is not None and is_float_dtype(s.value.dtype)]
+                and s.value is not None and (is_float_dtype(s.value.dtype) or _is_bfloat16(s.value.dtype))]
 
     def is_int8(self, tensor: str) -> bool:
         """Does the tensor hold INT8 data in the simulated engine?"""
