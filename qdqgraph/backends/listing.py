@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from ..trtsim.engine_report import EngineLayer, EngineReport, precision_of
+from ..trtsim.engine_report import EngineLayer, EngineReport, compiler_node, compiler_tokens, precision_of
 
 _KINDS = {"correlation": "convolution", "deconv": "deconvolution", "gemm": "gemm", "maxpool": "pooling",
           "avgpool": "pooling", "runtime_fusion": "fusion", "signal": "event", "wait": "event"}
@@ -89,13 +89,6 @@ def _kind(layer_type: str, name: str, fused: list[str], inputs, outputs) -> tupl
     return "pointwise", False
 
 
-def _node(text: str) -> str:
-    """The ONNX node a name part stands for. Inside an If branch the compiler prefixes the conditional
-    and the branch (`$$myelin$$(Unnamed IfConditional* 0)^$$myelin$$then^then.conv2/Conv`) and, in
-    metadata, appends them (`then.conv2/Conv | then_16k (then_branch) | /If (If)`)."""
-    return text.split(" | ")[0].rsplit("^", 1)[-1].strip()
-
-
 def parse_listing(lines: list[str], source: str = "") -> EngineReport:
     """EngineLayers from the kernel lines of a `Layers:` listing."""
     out = []
@@ -106,9 +99,8 @@ def parse_listing(lines: list[str], source: str = "") -> EngineReport:
         inputs, outputs = _tensors(f.get("Inputs", ""), shapes), _tensors(f.get("Outputs", ""), shapes)
         fused = fused_ops(name)
         kind, reformat = _kind(layer_type, name, fused, inputs, outputs)
-        nodes = list(dict.fromkeys(_node(t) for t in _META.findall(f.get("Metadata", ""))))
-        tokens = [_node(t) for t in re.sub(r"_myl\d+_\d+$", "", name).split("+") if t]
-        out.append(EngineLayer(name, tokens, layer_type, "QDQ" if reformat else None, inputs, outputs,
+        nodes = list(dict.fromkeys(compiler_node(t) for t in _META.findall(f.get("Metadata", ""))))
+        out.append(EngineLayer(name, compiler_tokens(name), layer_type, "QDQ" if reformat else None, inputs, outputs,
                                nodes=nodes, kind=kind, fused=fused, shapes=shapes,
                                constants=_tensors(f.get("Constants", ""), shapes)))
     return EngineReport(out, source)

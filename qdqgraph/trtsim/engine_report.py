@@ -162,12 +162,22 @@ def _ports(items, where: str, shapes: dict) -> list[tuple[str, str | None]]:
 _MYELIN_SUFFIX = re.compile(r"_myl\d+_\d+$")
 
 
+def compiler_node(text: str) -> str:
+    """The ONNX node a TensorRT for RTX name part stands for. Inside an If branch the compiler prefixes
+    the conditional and the branch (`$$myelin$$(Unnamed IfConditional* 0)^$$myelin$$then^then.c/Conv`)
+    and, in metadata, appends them (`then.c/Conv | then_16k (then_branch) | /If (If)`)."""
+    return text.split(" | ")[0].rsplit("^", 1)[-1].strip()
+
+
+def compiler_tokens(name: str) -> list[str]:
+    """The ONNX node names a TensorRT for RTX kernel's name carries: `_myl<k>_<i>` appended, merged
+    GEMMs joined with '+'."""
+    return [compiler_node(t) for t in _MYELIN_SUFFIX.sub("", name).split("+") if t]
+
+
 def _tokens(name: str, compiler_listing: bool) -> list[str]:
-    """The ONNX node names a kernel's name carries. TensorRT for RTX's kernels (read by qdqgraph, so
-    with a "Kind") append `_myl<k>_<i>` and join merged GEMMs with '+'."""
-    if not compiler_listing:
-        return split_name(name)
-    return [t.split(" | ")[0].rsplit("^", 1)[-1].strip() for t in _MYELIN_SUFFIX.sub("", name).split("+") if t]
+    """Tokens of a layer name: qdqgraph's own layer JSON (with a "Kind") holds compiler kernel names."""
+    return compiler_tokens(name) if compiler_listing else split_name(name)
 
 
 def _strings(item: dict, key: str, at: str) -> list[str]:
