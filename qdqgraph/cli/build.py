@@ -83,8 +83,7 @@ def build_and_check(model_path: Path, plan: Path, args, loaded, data=None, backe
     sim = simulate(loaded.graph, target=backend.NAME)
     options = BuildOptions(profiles=shapes, timing_cache=args.timing_cache, workspace_mb=args.workspace,
                            compute_capabilities=targets.parse(args.compute_capability),
-                           formats=frozenset(sim.quantized.split("+")) if sim.summary["int8_layers"] or
-                           sim.int4_weight_layers else frozenset(),
+                           formats=sim.formats,
                            verbose=getattr(args, "verbose", False), force=args.force)
     result = backend.build(model_path, plan, options)
     kind = "strongly typed" if result.strongly_typed else "INT8+FP16 flags"

@@ -86,11 +86,9 @@ def build_variant(model: Path, calib: Path, variant: str, out_dir: Path) -> Buil
     loaded = io.load(path)
     data = read_data(loaded, str(calib), QuantizeConfig())
     sim = simulate(loaded.graph, target=tensorrt_rtx.NAME)
-    formats = frozenset(sim.quantized.split("+")) if sim.summary["int8_layers"] or sim.int4_weight_layers \
-        else frozenset()
     plan = path.with_suffix(".engine")
     result = tensorrt_rtx.build(path, plan, BuildOptions(profiles=profiles(model_inputs(loaded.graph), data),
-                                                         formats=formats, force=True))
+                                                         formats=sim.formats, force=True))
     out.seconds, out.engine_bytes = result.seconds, os.path.getsize(plan)
     out.targets, out.warnings = result.targets, result.warnings
     if result.engine is not None:

@@ -73,6 +73,12 @@ class SimReport:
         return [x for x in self.layers if x.reformat]
 
     @property
+    def formats(self) -> frozenset[str]:
+        """The quantized formats the engine computes in (INT8, FP8, INT4); none for a float engine."""
+        computes = self.summary["int8_layers"] or self.int4_weight_layers
+        return frozenset(self.quantized.split("+")) if computes else frozenset()
+
+    @property
     def summary(self) -> dict:
         total = sum(x.flops for x in self.layers)
         int8_flops = sum(x.flops for x in self.layers if x.int8)
