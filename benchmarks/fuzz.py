@@ -32,7 +32,8 @@ import onnx  # noqa: E402
 
 import fuzzgraphs  # noqa: E402
 import qdqgraph  # noqa: E402
-from qdqgraph import io, trtsim  # noqa: E402
+from qdqgraph.graph import io
+from qdqgraph import trtsim
 from qdqgraph.cli import main as cli  # noqa: E402
 from qdqgraph.errors import QdqError  # noqa: E402
 from qdqgraph.passes.strip import strip_qdq  # noqa: E402

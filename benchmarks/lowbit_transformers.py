@@ -121,7 +121,7 @@ def main():
     a = ap.parse_args()
     names = [n for n in tr.MODELS if not a.only or n in a.only.split(",")]
     tools = [t for t in [*OURS, *PEERS] if not a.tools or t in a.tools.split(",")]
-    from qdqgraph.runtime import DISABLED_OPTIMIZERS
+    from qdqgraph.execution.runtime import DISABLED_OPTIMIZERS
     os.environ["QDQGRAPH_ORT_DISABLED"] = ",".join(DISABLED_OPTIMIZERS)
     os.environ["QDQGRAPH_ORT_BASIC"] = "1"
     tr.LAUNCHER[:] = [str(REPO / "benchmarks" / "eval_safe.py")]

@@ -164,7 +164,8 @@ def calibration(model: onnx.ModelProto, samples: int, seed: int = 1) -> dict[str
 
 def child(model: str, calib: str, out: str) -> dict:
     import qdqgraph
-    from qdqgraph import io, trtsim
+    from qdqgraph.graph import io
+    from qdqgraph import trtsim
     t0 = time.perf_counter()
     r = qdqgraph.quantize(model, calib=calib)
     t1 = time.perf_counter()

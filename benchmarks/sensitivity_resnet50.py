@@ -6,7 +6,7 @@
 Calibration: `--calib-samples` image-like samples (random, seeded; the model's weights are random
 too: this measures time, not accuracy), the default method. Sensitivity: every quantized unit,
 both directions (only this unit INT8; only this unit float), on the first `--sensitivity-samples`
-samples (qdqgraph.sensitivity.measure, no early stop). Printed in one run, with plain onnxruntime
+samples (qdqgraph.recipes.sensitivity.measure, no early stop). Printed in one run, with plain onnxruntime
 inference over the calibration samples for scale. Target (accuracy issue): sensitivity within 3x
 of one calibration.
 """
@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import qdqgraph  # noqa: E402
-from qdqgraph import io  # noqa: E402
-from qdqgraph.data import CalibrationData  # noqa: E402
+from qdqgraph.graph import io  # noqa: E402
+from qdqgraph.samples.data import CalibrationData  # noqa: E402
 from qdqgraph.prepare import model_inputs  # noqa: E402
-from qdqgraph.runtime import session  # noqa: E402
-from qdqgraph.sensitivity import measure  # noqa: E402
+from qdqgraph.execution.runtime import session  # noqa: E402
+from qdqgraph.recipes.sensitivity import measure  # noqa: E402
 
 
 def main() -> int:

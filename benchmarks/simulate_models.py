@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 import qdqgraph  # noqa: E402
-from qdqgraph import io, trtsim  # noqa: E402
+from qdqgraph.graph import io
+from qdqgraph import trtsim
 from qdqgraph.trtsim.regions import int8_regions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

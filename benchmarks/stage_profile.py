@@ -7,7 +7,7 @@
 
 Per model, in a process of its own: `qdqgraph.quantize` with the defaults and the calibration data
 beside the model, the written model saved, then `report`'s work on it (load and simulate). From the
-run report's profile (qdqgraph.profile): the seconds of each stage, the steps that took the most,
+run report's profile (qdqgraph.execution.profile): the seconds of each stage, the steps that took the most,
 and the process's peak RSS (ru_maxrss). The scale models are benchmarks/scale.py's residual CNNs
 (`--sizes` nodes) and transformer encoder (`--layers`, 0: none), built in code, 8 samples.
 
@@ -42,7 +42,8 @@ DATA_RUNS = ("calibrate", "island ranges", "output-aware scales", "attention che
 
 def child(model: str, calib: str, out: str) -> dict:
     import qdqgraph
-    from qdqgraph import io, trtsim
+    from qdqgraph.graph import io
+    from qdqgraph import trtsim
     t0 = time.perf_counter()
     r = qdqgraph.quantize(model, calib=calib)
     with r.report.stage("save"):

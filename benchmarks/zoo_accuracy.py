@@ -299,14 +299,14 @@ def main():
                     help="python with Model Optimizer, for modelopt-* peers (benchmarks/setup_modelopt.sh)")
     ap.add_argument("--safe-ort", action="store_true",
                     help="score every tool's models with onnxruntime's rewrites that qdqgraph turns off "
-                         "(qdqgraph.runtime.DISABLED_OPTIMIZERS) turned off too, at the basic optimization "
+                         "(qdqgraph.execution.runtime.DISABLED_OPTIMIZERS) turned off too, at the basic optimization "
                          "level (benchmarks/eval_safe.py); needed for FP8 models")
     a = ap.parse_args()
     if a.safe_ort:
         global SAFE_ORT
         SAFE_ORT = True
         sys.path.insert(0, str(REPO))
-        from qdqgraph.runtime import DISABLED_OPTIMIZERS
+        from qdqgraph.execution.runtime import DISABLED_OPTIMIZERS
         os.environ["QDQGRAPH_ORT_DISABLED"] = ",".join(DISABLED_OPTIMIZERS)
         os.environ["QDQGRAPH_ORT_BASIC"] = "1"
 

@@ -15,10 +15,10 @@ from functools import lru_cache
 
 from .calib.methods import METHODS
 from .errors import QdqError
-from .formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
+from .precisions.formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
 from .passes.insert import WEIGHT_FORMATS
 from .passes.precision import HIGH_PRECISIONS
-from .estimate import gpu as known_gpu
+from .trtsim.estimate import gpu as known_gpu
 from .trtsim.rules import TARGETS
 from .placement.plan import Selection
 

@@ -19,12 +19,15 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import advice, attention, attention_guard, branches, distributed, io
-from .calibration import calibrate_plan, ranges_from_cache
+from .placement import advice
+from .graph import attention, branches, io
+from .recipes import attention_guard
+from .execution import distributed
+from .calib.calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from
-from .data import CalibrationData
+from .samples.data import CalibrationData
 from .errors import InvariantError, QdqError
-from .formats import label
+from .precisions.formats import label
 from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
@@ -37,15 +40,15 @@ from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
 from .placement.refine import NO_INT8
 from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
-from .profile import step
+from .execution.profile import step
 from .report import InsertReport
-from .runtime import register_custom_ops
-from .sensitivity import choose_fallback, measure, output_sqnr
+from .execution.runtime import register_custom_ops
+from .recipes.sensitivity import choose_fallback, measure, output_sqnr
 from .trtsim import simulate
 from .passes.strip import strip_qdq
 from .trtsim.latency import DEFAULT_GPU, speed_line
 from .trtsim.regions import inner_reformats
-from .view import GraphView
+from .graph.view import GraphView
 
 __all__ = ["Result", "quantize", "prepare", "default_output"]
 
@@ -171,7 +174,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             if chosen and calib_cache is None:
                 amax[rep] = max(chosen)
         _free_if_large(loaded)
-    with report.stage("if branches"):    # each branch from the samples that take it (qdqgraph.branches)
+    with report.stage("if branches"):    # each branch from the samples that take it (qdqgraph.graph.branches)
         branched = branches.quantize_branches(loaded, data if is_real(calib) else None, cfg, quantize)
         report.add([branched])
         report.notes += branches.summary(branched)

@@ -9,11 +9,11 @@ import time
 
 import numpy as np
 
-from . import io
+from .graph import io
 from .config import QuantizeConfig, config_from
-from .data import CalibrationData, InputSpec, random_data, read_arrays
+from .samples.data import CalibrationData, InputSpec, random_data, read_arrays
 from .errors import QdqError
-from .formats import OPSETS
+from .precisions.formats import OPSETS
 from .passes.base import PassResult
 from .passes.batchnorm import fold_batchnorm
 from .passes.constants import fold_constants
@@ -23,8 +23,8 @@ from .passes.no_ops import remove_no_ops
 from .placement import load_ruleset, plan_placement
 from .placement.plan import Plan
 from .placement.refine import refine
-from .profile import step
-from .view import GraphView
+from .execution.profile import step
+from .graph.view import GraphView
 
 MAX_INLINE_ROUNDS = 8          # nesting depth of If nodes inlined once their conditions are constant
 

@@ -11,9 +11,9 @@ from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-from .formats import DEFAULT_PRECISION, OPSETS, label
+from .precisions.formats import DEFAULT_PRECISION, OPSETS, label
 from .passes.base import PassResult
-from .profile import Profile
+from .execution.profile import Profile
 from .placement.plan import Plan
 
 
@@ -28,7 +28,7 @@ class RunLog:
 
     @property
     def profile(self) -> Profile:
-        """Seconds and memory per stage and per step inside one (qdqgraph.profile)."""
+        """Seconds and memory per stage and per step inside one (qdqgraph.execution.profile)."""
         found = self.__dict__.get("_profile")
         if found is None:
             found = self.__dict__["_profile"] = Profile()
@@ -37,7 +37,7 @@ class RunLog:
     @contextmanager
     def stage(self, name: str):
         """Time a stage (a stage run twice adds up), and profile it: its seconds and memory, and
-        those of the steps inside it (qdqgraph.profile.step)."""
+        those of the steps inside it (qdqgraph.execution.profile.step)."""
         path = self.profile.path(name)
         before = self.profile.rows.get(path, {}).get("seconds", 0.0)
         try:

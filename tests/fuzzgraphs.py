@@ -301,5 +301,5 @@ def invariant_problems(model: onnx.ModelProto) -> list[str]:
 
 
 def run_ort(model: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
-    from qdqgraph.runtime import session
+    from qdqgraph.execution.runtime import session
     return session(model, purpose="fuzzing").run(None, feed)

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest_helpers import files
-from qdqgraph import outputs
+from qdqgraph.graph import outputs
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from test_bad_input import no_sessions, refused
@@ -94,7 +94,7 @@ def _ort_uint8_relu_model():
     """onnxruntime's uint8 QDQ form of conv -> relu -> conv: the Relu is gone, folded into the uint8
     Q (zero point 0) after the first conv; weights INT8 constants -> DQ."""
     import onnxruntime as ort
-    from qdqgraph import io
+    from qdqgraph.graph import io
     import motifs
     from test_fix import folded_relu, place
     with_relu = folded_relu(True)
@@ -113,7 +113,7 @@ def _run(model, data, outputs=None):
 
 
 def test_21_strip_keeps_a_relu_onnxruntime_folded_into_a_uint8_range(tmp_path, capsys):
-    from qdqgraph import io
+    from qdqgraph.graph import io
     m, data = _ort_uint8_relu_model()
     assert "Relu" not in {n.op_type for n in m.graph.node}
     src, out = tmp_path / "ort.qdq.onnx", tmp_path / "float.onnx"
@@ -238,7 +238,7 @@ def test_22_fix_reads_a_qdq_chain_as_its_last_pair(tmp_path, capsys):
 _SLOW = r"""
 import sys, time
 import onnx
-import qdqgraph.evaluate
+import qdqgraph.execution.evaluate
 from qdqgraph.cli import main
 stage = sys.argv[1]
 real_save = onnx.save
@@ -251,7 +251,7 @@ def slow_compare(*a, **k):
     print("READY", file=sys.stderr, flush=True)
     time.sleep(60)
 onnx.save = slow_save
-qdqgraph.evaluate.compare = slow_compare
+qdqgraph.execution.evaluate.compare = slow_compare
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -335,7 +335,8 @@ def test_24_the_api_refuses_special_files_too(model_and_data, where):
     import signal
 
     import qdqgraph
-    from qdqgraph import calibration, io
+    from qdqgraph.calib import calibration
+    from qdqgraph.graph import io
     from qdqgraph.rulebook.files import read_rule_file
 
     def hung(*a):
@@ -522,8 +523,8 @@ def test_28_fix_keeps_the_attention_insert_kept_float(tmp_path, capsys, calib):
     for k_t_out, q_t_out, v_t_out"), with it it calibrated and quantized the attention (30.4 -> 28.0 dB)."""
     import motifs
     import qdqgraph
-    from qdqgraph.data import CalibrationData
-    from qdqgraph.evaluate import compare
+    from qdqgraph.samples.data import CalibrationData
+    from qdqgraph.execution.evaluate import compare
     from qdqgraph.prepare import model_inputs
     m = motifs.attention_block(seq=16, hidden=64, heads=4)
     data = motifs.sample_data(m, n=16)
@@ -540,7 +541,7 @@ def test_28_fix_keeps_the_attention_insert_kept_float(tmp_path, capsys, calib):
     assert fixed.SerializeToString() == q.SerializeToString()        # fix changed nothing
 
     def sqnr(model):
-        cd = CalibrationData(data, model_inputs(qdqgraph.io.load(m).graph), 8)
+        cd = CalibrationData(data, model_inputs(qdqgraph.graph.io.load(m).graph), 8)
         return compare(m, model, data=cd, tensors=False).outputs[0].sqnr_db
     assert sqnr(fixed) >= sqnr(q) - 1e-6
     if calib:                                   # asked for, the attention goes INT8 (calibrated)
@@ -676,7 +677,7 @@ def _no_large_serialization(monkeypatch):
     """The version converter serializes the model it converts, which protobuf refuses past 2 GB
     ("Failed to serialize proto"): a model past the (lowered) threshold must not reach it."""
     from onnx import version_converter
-    from qdqgraph import io
+    from qdqgraph.graph import io
     real = version_converter.convert_version
 
     def convert(model, target):
@@ -692,7 +693,7 @@ def test_31_a_model_past_2gb_is_quantized_and_written_with_external_data(tmp_pat
     (onnx looks for the data file relative to the working directory), and "Failed to serialize
     proto" raising the opset for FP8 (19) and INT4 (21). The threshold stands in for 2 GB."""
     import onnxruntime as ort
-    from qdqgraph import io
+    from qdqgraph.graph import io
     import motifs
     m = _mlp(opset=13)
     monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD", 100_000)          # the weights: 2 x 256 KB
@@ -719,7 +720,7 @@ def test_31_save_with_external_data_into_the_current_folder(tmp_path, monkeypatc
     """onnx looked for the data file relative to the working directory, where the output policy's
     temporary file already stood: `External data file exists in .q.onnx.data.XXXX.tmp`."""
     import motifs
-    from qdqgraph import io
+    from qdqgraph.graph import io
     monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD", 1000)
     monkeypatch.chdir(tmp_path)
     written = io.save(motifs.conv_relu(c=32), "q.onnx")

@@ -223,13 +223,13 @@ def test_4_permission_denied_says_so(model_and_data, capsys, monkeypatch, what, 
     elif what == "data":                  # access says yes, opening fails (a root-squashed NFS share, say)
         import builtins
 
-        import qdqgraph.data
+        import qdqgraph.samples.data
 
         def no_open(file, *a, **k):
             if Path(file) == target:
                 raise PermissionError(13, "Permission denied", str(file))
             return builtins.open(file, *a, **k)
-        monkeypatch.setattr(qdqgraph.data, "open", no_open, raising=False)
+        monkeypatch.setattr(qdqgraph.samples.data, "open", no_open, raising=False)
     else:
         real_load = onnx.load
 
@@ -257,15 +257,15 @@ def test_5_bad_node_regex(model_and_data, capsys, monkeypatch, flag, pattern):
 
 @pytest.mark.parametrize("command", ["insert", "calibrate"])
 def test_6_custom_op_library_that_is_not_a_library(model_and_data, capsys, monkeypatch, command):
-    import qdqgraph.calibration
-    from qdqgraph import runtime
+    import qdqgraph.calib.calibration
+    from qdqgraph.execution import runtime
     mp, dp = model_and_data
     lib = mp.parent / "libnot.so"
     lib.write_text("not a shared library")
 
     def no_calibration(*a, **k):
         raise AssertionError("calibration ran before the library was checked")
-    monkeypatch.setattr(qdqgraph.calibration, "collect", no_calibration)
+    monkeypatch.setattr(qdqgraph.calib.calibration, "collect", no_calibration)
     out = mp.parent / ("q.onnx" if command == "insert" else "c.json")
     refused(capsys, [command, mp, "--calib", dp, "--custom-op-library", lib, "-o", out],
             "cannot load the custom op library", "libnot.so", folder=mp.parent)
@@ -511,12 +511,12 @@ def test_14_two_concurrent_runs_one_wins(model_and_data):
 # ---------------------------------------------------------------------------------- 15. Ctrl-C
 
 def test_15_ctrl_c_during_verify_says_what_was_written(model_and_data, capsys, monkeypatch):
-    import qdqgraph.evaluate
+    import qdqgraph.execution.evaluate
     mp, dp = model_and_data
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(qdqgraph.evaluate, "compare", interrupted)
+    monkeypatch.setattr(qdqgraph.execution.evaluate, "compare", interrupted)
     assert main(["insert", str(mp), "--calib", str(dp), "-o", str(mp.parent / "q.onnx"),
                  "--report", str(mp.parent / "r.json")]) == 130
     err = capsys.readouterr().err.strip().splitlines()
@@ -563,21 +563,21 @@ def test_17_build_without_any_compiler_says_so_first(model_and_data, capsys, mon
 
 _SNIPPET = """
 import sys
-import qdqgraph.cli, qdqgraph.evaluate, qdqgraph.runtime
+import qdqgraph.cli, qdqgraph.execution.evaluate, qdqgraph.execution.runtime
 from qdqgraph.errors import QdqError
 mode = sys.argv[1]
 if mode == "loud":             # onnxruntime left to log its warnings: the control
     qdqgraph.cli._quiet_onnxruntime = lambda: None
-    options = qdqgraph.runtime._options
+    options = qdqgraph.execution.runtime._options
     def loud(*a, **k):
         o = options(*a, **k)
         o.log_severity_level = 2
         return o
-    qdqgraph.runtime._options = loud
+    qdqgraph.execution.runtime._options = loud
 if mode == "error":            # an error after onnxruntime has run (calibration), during --verify
     def stop(*a, **k):
         raise QdqError("stopped after calibration", "the test's fix")
-    qdqgraph.evaluate.compare = stop
+    qdqgraph.execution.evaluate.compare = stop
 sys.exit(qdqgraph.cli.main(sys.argv[2:]))
 """
 

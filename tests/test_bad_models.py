@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 import motifs
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.passes.check import qdq_violations

@@ -201,7 +201,7 @@ def test_placeholder_dim_names_are_made_unique_for_the_compiler(tmp_path, capsys
     assert main(argv) == 0
     assert "for the compiler: dims of 'x' renamed" in capsys.readouterr().out
     assert path.read_bytes() == before
-    from qdqgraph import io
+    from qdqgraph.graph import io
     monkeypatch.setattr(io, "repaired_for_compiler", lambda p: (None, []))   # the file as it is
     assert main(argv) == 2
     assert "different constant values" in capsys.readouterr().err

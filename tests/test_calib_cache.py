@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from qdqgraph import io as qio
+from qdqgraph.graph import io as qio
 from qdqgraph.errors import QdqError
 from qdqgraph.calib.cache import (hex_to_scale, load_cache, read_json, read_tensorrt, scale_to_hex,
                                   write_json, write_tensorrt)

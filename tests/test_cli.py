@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import motifs
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.cli import main
 from conftest_helpers import files
 

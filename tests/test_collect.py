@@ -5,12 +5,12 @@ import onnxruntime as ort
 import pytest
 
 import motifs
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.calib import collect as collect_module
 from qdqgraph.calib import histogram as histogram_module
 from qdqgraph.calib.collect import collect
 from qdqgraph.calib.histogram import RangeState
-from qdqgraph.data import CalibrationData
+from qdqgraph.samples.data import CalibrationData
 from qdqgraph.errors import QdqError
 from qdqgraph.prepare import clean, model_inputs
 from qdqgraph.placement import plan_placement
@@ -209,7 +209,7 @@ def test_bound_outputs_follow_input_shape_changes():
     """Outputs bound once per input shape: a new shape (dynamic dims, a last short batch) rebinds,
     and every run returns exactly what a plain run returns."""
     from qdqgraph.calib.collect import _BoundOutputs, raw_graph
-    from qdqgraph.runtime import session
+    from qdqgraph.execution.runtime import session
     g = motifs.G("dyn")
     x = g.input("x", ["n", 16, "h", "w"])
     y = g.node("Relu", [g.conv(x, 16, 32, "c1")], ["mid"], name="r1")
@@ -276,7 +276,7 @@ def test_padded_blocked_outputs_are_collected_again_in_plain_layout(monkeypatch,
     """A blocked output whose channel count is not its tensor's (padding) must not be binned: the
     whole collection restarts in plain layout, progress counted once (at batch 2 the padding shows
     in the run of the first sample alone that starts the ranges)."""
-    from qdqgraph import runtime
+    from qdqgraph.execution import runtime
     calls = _spy_sessions(monkeypatch)
     shapes = []
 
@@ -300,7 +300,7 @@ def test_padded_blocked_outputs_are_collected_again_in_plain_layout(monkeypatch,
 
 
 def test_blocked_outputs_check_channels():
-    from qdqgraph.runtime import BlockedOutputs
+    from qdqgraph.execution.runtime import BlockedOutputs
     b = BlockedOutputs({"a": "a_blocked"}, {"a_blocked": 16})
     assert b.check({"a_blocked": np.zeros((1, 16, 4, 4), np.float32)})
     assert not b.check({"a_blocked": np.zeros((1, 32, 4, 4), np.float32)})
@@ -311,7 +311,7 @@ def test_reorders_read_by_a_node_or_padded_stay():
     """Only a reorder whose output nothing but the graph output reads, of a channel count that no
     block size pads, is dropped."""
     from onnx import helper
-    from qdqgraph.runtime import NCHWC_LARGEST_BLOCK, _drop_reorders
+    from qdqgraph.execution.runtime import NCHWC_LARGEST_BLOCK, _drop_reorders
 
     def reorder(src, dst, channels):
         return helper.make_node("ReorderOutput", [src], [dst], domain="com.microsoft.nchwc", channels=channels)
@@ -333,7 +333,7 @@ def test_a_failed_optimized_model_leaves_the_plain_layout_session(monkeypatch):
 
     import onnx
 
-    from qdqgraph import runtime
+    from qdqgraph.execution import runtime
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -1,7 +1,7 @@
 """Calibration folders are read one file at a time (flat memory), with the same samples as one file."""
 import numpy as np
 
-from qdqgraph.data import CalibrationData, FileChunk, InputSpec, read_arrays
+from qdqgraph.samples.data import CalibrationData, FileChunk, InputSpec, read_arrays
 
 SPEC = [InputSpec("x", np.dtype(np.float32), ("n", 4))]
 

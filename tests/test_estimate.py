@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from qdqgraph import estimate as E
+from qdqgraph.trtsim import estimate as E
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.testing.oracles import oracles_dir
@@ -185,7 +185,7 @@ def test_gpu_list_prints_every_row_with_its_source(capsys):
 @pytest.fixture(scope="module")
 def predicted():
     """The simulator's engines for NVIDIA's ResNet-18 placements, rebuilt at the engines' batch of 32."""
-    from qdqgraph import io
+    from qdqgraph.graph import io
     from qdqgraph.testing import models
     from qdqgraph.trtsim import simulate
     return {p: simulate(io.load(models.resnet18(p, batch=32)).graph)

@@ -6,8 +6,8 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph import io
-from qdqgraph.evaluate import compare
+from qdqgraph.graph import io
+from qdqgraph.execution.evaluate import compare
 
 
 def test_identical_models_agree_perfectly():

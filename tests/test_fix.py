@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 import motifs
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.passes.strip import strip_qdq

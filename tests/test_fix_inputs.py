@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import motifs
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.passes.fix_inputs import parse_fixed
@@ -199,7 +199,7 @@ def test_calibrate_with_fix_input_feeds_insert_from_cache(tmp_path):
 
 def test_compute_inside_if_branches_is_quantized_without_fix_input():
     """All compute inside If branches decided by an input that calibration holds constant (silero's
-    `sr`): the branch the samples take is quantized by default (qdqgraph.branches), the other stays
+    `sr`): the branch the samples take is quantized by default (qdqgraph.graph.branches), the other stays
     float with a note, and no --fix-input is needed; fixing the input still inlines the branch."""
     g = motifs.G("all_in_if")
     g.input("x", ["n", 16, 8, 8])

@@ -10,11 +10,11 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.errors import QdqError
-from qdqgraph.formats import FP8, INT8
+from qdqgraph.precisions.formats import FP8, INT8
 from qdqgraph.passes.check import qdq_violations
-from qdqgraph.runtime import DISABLED_OPTIMIZERS
+from qdqgraph.execution.runtime import DISABLED_OPTIMIZERS
 
 F8 = onnx.TensorProto.FLOAT8E4M3FN
 
@@ -129,7 +129,7 @@ def test_checks_name_fp8_specific_faults():
     r = qdqgraph.quantize(m, motifs.sample_data(m), precision="fp8", high_precision="fp32")
     loaded = io.load(r.model)
     g = loaded.graph
-    zp = next(t for t in g.tensors().values() if isinstance(t, qdqgraph.io.gs.Constant)
+    zp = next(t for t in g.tensors().values() if isinstance(t, qdqgraph.graph.io.gs.Constant)
               and t.values.dtype == np.dtype(ml_dtypes.float8_e4m3fn) and t.values.ndim == 0)
     zp.values = np.array(1.0, ml_dtypes.float8_e4m3fn)
     found = qdq_violations(g)
@@ -170,7 +170,7 @@ def test_lint_names_a_scale_of_the_wrong_type_and_int4_faults():
     loaded = io.load(qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32").model)
     assert not [d for d in lint(loaded.graph) if d.code in ("QDQ213", "QDQ214")]
     dq = next(n for n in loaded.graph.nodes if n.op == "DequantizeLinear")
-    dq.inputs[1] = qdqgraph.io.gs.Constant("int_scale", np.array(1, np.int32))
+    dq.inputs[1] = qdqgraph.graph.io.gs.Constant("int_scale", np.array(1, np.int32))
     assert "QDQ213" in [d.code for d in lint(loaded.graph)]
 
 

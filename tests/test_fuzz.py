@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 
 import fuzzgraphs
 import qdqgraph
-from qdqgraph import io, trtsim
+from qdqgraph.graph import io
+from qdqgraph import trtsim
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.passes.strip import strip_qdq

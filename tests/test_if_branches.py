@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.cli import main
-from qdqgraph.runtime import DISABLED_OPTIMIZERS
+from qdqgraph.execution.runtime import DISABLED_OPTIMIZERS
 from qdqgraph.testing.branches import vad_if_calib, vad_if_model
 from qdqgraph.trtsim import simulate
 

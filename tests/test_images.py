@@ -6,7 +6,7 @@ import motifs
 import qdqgraph
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
-from qdqgraph.images import load_image, parse_preprocess
+from qdqgraph.samples.images import load_image, parse_preprocess
 
 PIL = pytest.importorskip("PIL.Image", reason="Pillow is the optional 'images' extra")
 

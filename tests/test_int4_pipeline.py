@@ -12,9 +12,9 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.errors import QdqError
-from qdqgraph.runtime import DISABLED_OPTIMIZERS
+from qdqgraph.execution.runtime import DISABLED_OPTIMIZERS
 
 
 def mlp(k=256, hidden=128):

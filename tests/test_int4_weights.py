@@ -9,8 +9,8 @@ import onnxruntime as ort
 import pytest
 
 import motifs
-from qdqgraph import io
-from qdqgraph.data import CalibrationData
+from qdqgraph.graph import io
+from qdqgraph.samples.data import CalibrationData
 from qdqgraph.errors import QdqError
 from qdqgraph.ops import DEQUANTIZE
 from qdqgraph.passes.int4_weights import (INT4_MAX, INT4_MIN, dequantize_blocked, int4_targets,

@@ -5,7 +5,7 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.errors import QdqError
 
 
@@ -117,7 +117,7 @@ def test_sessions_take_large_weights_from_memory_with_the_same_results():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from qdqgraph import runtime
+    from qdqgraph.execution import runtime
     rng = np.random.default_rng(0)
     w32 = rng.standard_normal((64, 64)).astype(np.float32)
     w16 = rng.standard_normal((64, 64)).astype(np.float16)
@@ -169,7 +169,7 @@ def test_graph_sessions_leave_the_graph_as_it_was_and_match_a_plain_export(monke
     the graph keeps its values object."""
     import onnxruntime as ort
 
-    from qdqgraph import runtime
+    from qdqgraph.execution import runtime
     monkeypatch.setattr(io, "IN_MEMORY_MIN_BYTES", 256)           # the motif's conv weights qualify
     m = motifs.residual_add()
     loaded = io.load(m)
@@ -192,7 +192,7 @@ def test_graph_session_with_a_weight_read_inside_an_if_body(monkeypatch):
     (onnxruntime supplies only the main graph's initializers from memory)."""
     import onnx_graphsurgeon as gs
 
-    from qdqgraph import runtime
+    from qdqgraph.execution import runtime
     monkeypatch.setattr(io, "IN_MEMORY_MIN_BYTES", 64)
     w = gs.Constant("w", np.arange(64, dtype=np.float32).reshape(8, 8) / 64)
     x = gs.Variable("x", np.float32, [1, 8])
@@ -220,7 +220,7 @@ def test_weights_reach_onnxruntime_from_memory_for_a_model_past_the_proto_limit(
     the light model of stubs is small, so it is not refilled and written to a file."""
     import onnxruntime as ort
 
-    from qdqgraph import runtime
+    from qdqgraph.execution import runtime
     m = motifs.residual_add()
     light, _ = io.split_weights(m)
     assert io.tensor_bytes(light) < 5000 < io.tensor_bytes(m)

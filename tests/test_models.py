@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 
 import qdqgraph
-from qdqgraph import io, trtsim
+from qdqgraph.graph import io
+from qdqgraph import trtsim
 from qdqgraph.passes.check import qdq_violations
 
 ZOO = Path(os.environ.get("QDQGRAPH_ZOO", "/tmp/qdqgraph-zoo"))
@@ -120,7 +121,7 @@ def test_entropy_thresholds_do_not_depend_on_batch_size_sharding_or_lanes(name):
     # real data, on which starting the histogram range from the first batch moved most thresholds
     # (up to 28% and 44% between batch 1 and batch 8); the reference runs one batch at a time
     from qdqgraph.calib.collect import collect
-    from qdqgraph.calibration import amax_from_states
+    from qdqgraph.calib.calibration import amax_from_states
     from qdqgraph.prepare import prepare, read_data
     model_path, calib = ZOO / "models" / f"{name}.onnx", ZOO / "calib" / f"{name}.npz"
     if not model_path.exists() or not calib.exists():

@@ -10,7 +10,7 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph import runtime
+from qdqgraph.execution import runtime
 from qdqgraph.errors import QdqError
 
 LEVEL = ort.GraphOptimizationLevel

@@ -6,7 +6,7 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.passes.batchnorm import fold_batchnorm
 from qdqgraph.passes.check import qdq_violations
 from qdqgraph.passes.constants import fold_constants

@@ -8,7 +8,7 @@ import pytest
 import motifs
 import qdqgraph
 from qdqgraph import trtsim
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.prepare import clean
 from qdqgraph.placement import explain, plan_placement
 from qdqgraph.testing.render import render, scales
@@ -230,7 +230,7 @@ def test_integer_tensors_never_quantized():
     its 0/1 values are exact in INT8, so the MatMul it feeds runs INT8 (magika's first Dense)."""
     graph = cleaned_graph(motifs.integer_path())
     plan = plan_placement(graph)
-    from qdqgraph.view import GraphView
+    from qdqgraph.graph.view import GraphView
     view = GraphView(graph)
     for t in plan.sites:
         tensor = view.tensors[t]

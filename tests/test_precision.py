@@ -10,8 +10,9 @@ from onnx import TensorProto
 
 import motifs
 import qdqgraph
-from qdqgraph import io, trtsim
-from qdqgraph.evaluate import compare, fp16_within_tolerance
+from qdqgraph.graph import io
+from qdqgraph import trtsim
+from qdqgraph.execution.evaluate import compare, fp16_within_tolerance
 from qdqgraph.passes.precision import RANGE_LIMIT, keep_rules
 
 F16 = TensorProto.FLOAT16
@@ -32,7 +33,7 @@ def _run(model, feed):
 @pytest.mark.parametrize("name", sorted(motifs.ALL))
 def test_fp16_islands_check_run_and_stay_within_fp16_tolerance(name):
     """Every motif: the FP16-island model passes the checker, runs, keeps its input and output
-    types, and stays within FP16 tolerance of the float32 Q/DQ model (qdqgraph.evaluate.fp16_within_tolerance: 40 dB against the FP32 Q/DQ output, or at most 1 dB of SQNR lost against float)."""
+    types, and stays within FP16 tolerance of the float32 Q/DQ model (qdqgraph.execution.evaluate.fp16_within_tolerance: 40 dB against the FP32 Q/DQ output, or at most 1 dB of SQNR lost against float)."""
     m = motifs.ALL[name]()
     data = motifs.sample_data(m)
     q16 = qdqgraph.quantize(m, data).model

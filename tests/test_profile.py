@@ -8,7 +8,7 @@ import onnx
 
 import motifs
 import qdqgraph
-from qdqgraph import profile
+from qdqgraph.execution import profile
 from qdqgraph.cli import main
 from qdqgraph.passes import output_aware
 

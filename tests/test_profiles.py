@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from qdqgraph.data import CalibrationData, InputSpec
+from qdqgraph.samples.data import CalibrationData, InputSpec
 from qdqgraph.errors import QdqError
 from qdqgraph.backends.profiles import from_data, from_flags, parse_shapes, profiles
 

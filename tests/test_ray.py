@@ -19,12 +19,13 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph import distributed, io
+from qdqgraph.execution import distributed
+from qdqgraph.graph import io
 from qdqgraph.calib.methods import METHODS
 from qdqgraph.cli import main
-from qdqgraph.data import CalibrationData
+from qdqgraph.samples.data import CalibrationData
 from qdqgraph.prepare import model_inputs
-from qdqgraph.sensitivity import measure
+from qdqgraph.recipes.sensitivity import measure
 
 pytestmark = pytest.mark.ray       # starts Ray clusters: out of the fast tier (-m "not slow and not ray")
 

@@ -13,7 +13,7 @@ from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import qdqgraph
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
 from qdqgraph.placement import plan_placement
@@ -333,7 +333,7 @@ def _if_model() -> onnx.ModelProto:
 
 def test_compute_inside_if_branches_is_named_as_the_cause():
     """Without calibration data no sample chooses a branch, so both stay float: the warning names
-    them. With data, the branch the samples take is quantized (qdqgraph.branches) and nothing warns."""
+    them. With data, the branch the samples take is quantized (qdqgraph.graph.branches) and nothing warns."""
     cache = {"x": 1.0}
     r = qdqgraph.quantize(_if_model(), calib_cache=cache)
     warning = next(w for w in r.report.warnings if "weighted FLOPs" in w or "quantizes nothing" in w)

@@ -1,14 +1,16 @@
 """The transformer recipes, each on a constructed case whose better answer is known: output-aware
 ranges and smoothing (qdqgraph.passes.output_aware), scalar scales folded into linear layers
-(qdqgraph.passes.fold_scale), and the INT8-attention check (qdqgraph.attention_guard)."""
+(qdqgraph.passes.fold_scale), and the INT8-attention check (qdqgraph.recipes.attention_guard)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph import QuantizeConfig, io
-from qdqgraph import attention_guard, config as config_module
+from qdqgraph import QuantizeConfig
+from qdqgraph.graph import io
+from qdqgraph.recipes import attention_guard
+from qdqgraph import config as config_module
 from qdqgraph.passes import output_aware
 from qdqgraph.passes.fold_scale import fold_scalar_scales
 from qdqgraph.prepare import prepare, read_data

@@ -4,7 +4,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import motifs
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.passes import constants
 
 

@@ -5,10 +5,10 @@ from onnx import numpy_helper
 
 import motifs
 import qdqgraph
-from qdqgraph import io
-from qdqgraph.data import CalibrationData
+from qdqgraph.graph import io
+from qdqgraph.samples.data import CalibrationData
 from qdqgraph.prepare import model_inputs
-from qdqgraph.sensitivity import measure
+from qdqgraph.recipes.sensitivity import measure
 
 
 def test_switchable_model_all_float_equals_float_model():

@@ -5,7 +5,7 @@ import onnxruntime as ort
 import pytest
 
 import motifs
-from qdqgraph import io
+from qdqgraph.graph import io
 from qdqgraph.errors import QdqError
 from qdqgraph.passes.smooth import channel_ranges, smooth, targets
 from qdqgraph import QuantizeConfig, quantize

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import motifs
 import qdqgraph
-from qdqgraph import io, trtsim
+from qdqgraph.graph import io
+from qdqgraph import trtsim
 from qdqgraph.trtsim.propagate import default_bound
 from qdqgraph.trtsim.ir import SimGraph
 from test_trtsim_rules import QG, S1, S2, conv_chain, residual

@@ -139,7 +139,7 @@ def test_weakening_a_rule_breaks_an_oracle(rule_id, tmp_path):
     f = tmp_path / "weaker.toml"
     f.write_text(f'schema = 1\n[[rule]]\nid = "{rule_id}"\ndoc = "weaker"\nref = "test"\n{body}\n')
     r = result(f"trex/pytorch-resnet18-a100-{placement}")
-    from qdqgraph import io
+    from qdqgraph.graph import io
     from qdqgraph.testing import models
     weaker = trtsim.simulate(io.load(models.resnet18(placement)).graph, rules=trtsim.load_sim_rules([f]))
     d = trtsim.diff(weaker, r.engine)

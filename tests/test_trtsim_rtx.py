@@ -141,7 +141,7 @@ def test_a_float_conv_rounds_in_its_generated_epilogue_but_not_after_a_plain_rel
     from qdqgraph.trtsim.fuse import LayerBuild
     from qdqgraph.trtsim.ir import SimGraph, SNode
     from qdqgraph.rulebook.match import Context
-    from qdqgraph import io
+    from qdqgraph.graph import io
     g = SimGraph.from_gs(io.load(motifs.residual_hardswish()).graph)
     conv = next(n for n in g.nodes.values() if n.op == "Conv")
     layer = LayerBuild(conv, "F1", "convolution")

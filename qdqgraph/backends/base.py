@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import io, outputs
+from ..graph import io, outputs
 from ..errors import QdqError
 from ..trtsim.engine_report import EngineReport
 from .profiles import InputProfile

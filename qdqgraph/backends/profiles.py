@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ..data import CalibrationData, InputSpec
+from ..samples.data import CalibrationData, InputSpec
 from ..errors import QdqError
 
 Shape = tuple[int, ...]

@@ -34,7 +34,7 @@ import numpy as np
 
 from .methods import INT8_MAX, safe_scale
 
-from .. import io
+from ..graph import io
 
 JSON_FORMAT = "qdqgraph-calib"
 JSON_VERSION = 1

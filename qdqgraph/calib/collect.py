@@ -41,11 +41,11 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from .. import io
-from ..data import CalibrationData
+from ..graph import io
+from ..samples.data import CalibrationData
 from ..errors import QdqError
 from ..ops import ABS, CAST, IDENTITY, MUL, REDUCE_MAX, SLICE
-from ..runtime import BlockedOutputs, graph_session, unordered_session
+from ..execution.runtime import BlockedOutputs, graph_session, unordered_session
 from .histogram import COMPILED, RangeState, abs_max, finite
 
 

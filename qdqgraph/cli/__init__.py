@@ -16,7 +16,7 @@ import threading
 import traceback
 import warnings
 
-from .. import outputs
+from ..graph import outputs
 from ..errors import QdqError
 from . import build, calibrate, compare, estimate, example, fix, insert, report, strip
 from .args import Formatter, Parser, UsageError

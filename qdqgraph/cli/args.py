@@ -11,8 +11,8 @@ from ..calib.methods import METHODS
 from ..config import (ATTENTION_MAX_LOSS_DB, ATTENTION_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_METHODS,
                       DEFAULT_PERCENTILE, DEFAULT_SENSITIVITY_SAMPLES, DEFAULT_SMOOTH_ALPHA, INT4_METHODS,
                       QuantizeConfig)
-from ..distributed import LOCAL as RAY_LOCAL
-from ..formats import PRECISIONS
+from ..execution.distributed import LOCAL as RAY_LOCAL
+from ..precisions.formats import PRECISIONS
 from ..errors import QdqError
 from ..passes.insert import WEIGHT_FORMATS
 from ..passes.precision import HIGH_PRECISIONS

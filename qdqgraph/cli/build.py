@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import outputs
+from ..graph import outputs
 from . import args as a
 
 
@@ -108,7 +108,7 @@ def build_and_check(model_path: Path, plan: Path, args, loaded, data=None, backe
 
 
 def run_build(args) -> int:
-    from .. import io
+    from ..graph import io
     from ..config import QuantizeConfig
     from ..prepare import read_data
     a.at_least(args.max_batch, "--max-batch", 1)

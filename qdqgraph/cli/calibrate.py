@@ -1,8 +1,9 @@
 """`qdqgraph calibrate`: ranges only, as a qdqgraph JSON or TensorRT cache, or mergeable shard state."""
 from __future__ import annotations
 
-from .. import distributed, io, outputs
-from ..calibration import FORMATS, calibrate, merge_calibrations
+from ..execution import distributed
+from ..graph import io, outputs
+from ..calib.calibration import FORMATS, calibrate, merge_calibrations
 from ..errors import QdqError
 from . import args as a
 from .progress import bars

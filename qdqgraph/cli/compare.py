@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from .. import outputs
+from ..graph import outputs
 from . import args as a
 from .progress import bars
 
@@ -32,9 +32,9 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from ..evaluate import compare
+    from ..execution.evaluate import compare
     a.at_least(args.samples, "--samples", 1)
-    from .. import io
+    from ..graph import io
     io.require_model_file(args.float_model)
     io.require_model_file(args.quant_model)
     plan = outputs.Plan(args.force, inputs=[args.float_model, args.quant_model, args.data])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from .. import outputs
+from ..graph import outputs
 from . import args as a
 
 EXAMPLES = """examples:
@@ -35,7 +35,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from ..estimate import estimate, gpu, gpus
+    from ..trtsim.estimate import estimate, gpu, gpus
     a.at_least(args.top, "--top", 0)
     if args.gpu.strip().lower() == "list":
         for g in gpus().values():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import outputs
+from ..graph import outputs
 from ..errors import QdqError
 from . import args as a
 
@@ -26,8 +26,8 @@ def add(sub) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from .. import io
-    from ..example import smooth_images, tiny_resnet
+    from ..graph import io
+    from ..graph.example import smooth_images, tiny_resnet
     a.at_least(args.samples, "--samples", 1)
     folder = Path(args.folder)
     if folder.exists() and not folder.is_dir():

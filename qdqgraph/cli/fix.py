@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import outputs
+from ..graph import outputs
 from ..errors import QdqError
 from . import args as a
 from .insert import write_result
@@ -53,7 +53,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import io
+    from ..graph import io
     from ..fix import default_output, fix
     config = a.config(args)                          # every option checked before any work
     if config.fixed_inputs:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import outputs
+from ..graph import outputs
 from ..errors import QdqError
 from . import args as a
 from .messages import warn_all
@@ -85,7 +85,7 @@ def write_result(result, args, out: Path, report_path, verify=None) -> list:
     then the warnings on stderr; then `verify()`, a stage of the profile that --verbose prints at
     the end (the JSON, written before it so that an interrupted check leaves it, has not got it).
     Returns the written paths."""
-    from .. import io
+    from ..graph import io
     with result.report.stage("save"):
         written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
     result.report.output = str(written[0])
@@ -103,7 +103,7 @@ def write_result(result, args, out: Path, report_path, verify=None) -> list:
 
 
 def run(args) -> int:
-    from .. import io
+    from ..graph import io
     from ..pipeline import default_output, quantize
     config = a.config(args)                          # every option checked before any work
     a.at_least(args.verify, "--verify", 0)
@@ -126,7 +126,7 @@ def run(args) -> int:
     if config.providers:
         a.check_providers(config.providers)
     if config.ray:                                  # Ray missing: one line naming the extra, before any work
-        from ..distributed import require
+        from ..execution.distributed import require
         require()
     result = run_with_bars(args, lambda progress: quantize(args.model, args.calib, config=config,
                                                            calib_cache=args.calib_cache, progress=progress))
@@ -137,7 +137,7 @@ def run(args) -> int:
                   "(compare it on a GPU provider, or insert with --high-precision fp16 or fp32 to check here)")
     elif not args.quiet and args.verify > 0 and args.calib is not None and args.calib != "random":
         def verify():
-            from ..evaluate import compare
+            from ..execution.evaluate import compare
             progress = bars(args)
             try:
                 print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from .. import outputs
+from ..graph import outputs
 from . import args as a
 
 EXAMPLES = """examples:
@@ -36,7 +36,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import io
+    from ..graph import io
     from ..placement import load_ruleset
     from ..trtsim import lint, read_engine_report, simulate
     io.require_model_file(args.model)

@@ -1,7 +1,7 @@
 """`qdqgraph strip`: remove Q/DQ (back to float, weights dequantized)."""
 from __future__ import annotations
 
-from .. import outputs
+from ..graph import outputs
 from . import args as a
 
 EXAMPLES = """examples:
@@ -24,7 +24,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import io
+    from ..graph import io
     from ..fix.facts import strip_to_float
     io.require_model_file(args.model)
     out = outputs.Plan(args.force, inputs=[args.model]).output(args.output, "output model")

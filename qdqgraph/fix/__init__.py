@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from .. import api_checks, io
-from ..calibration import calibrate_plan
+from .. import api_checks
+from ..graph import io
+from ..calib.calibration import calibrate_plan
 from ..config import QuantizeConfig, config_from
 from ..errors import InvariantError, QdqError
 from ..passes.check import qdq_violations
@@ -31,9 +32,9 @@ from ..pipeline import _deploy, fewer_collections
 from ..placement import load_ruleset
 from ..placement.plan import Plan
 from ..prepare import is_real, read_data
-from ..runtime import register_custom_ops
+from ..execution.runtime import register_custom_ops
 from ..trtsim import lint, simulate
-from ..view import GraphView
+from ..graph.view import GraphView
 from . import facts as fact_reader
 from . import planning
 from .report import FixReport

@@ -17,13 +17,13 @@ import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .. import io
+from ..graph import io
 from ..errors import QdqError
-from ..formats import FP8, INT8, Format
+from ..precisions.formats import FP8, INT8, Format
 from ..ops import CLIP, DEQUANTIZE
 from ..passes.base import PassResult
 from ..passes.strip import strip_qdq
-from ..view import GraphView
+from ..graph.view import GraphView
 
 F8 = np.dtype(ml_dtypes.float8_e4m3fn)
 INTEGER_TYPES = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))

@@ -17,13 +17,13 @@ import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .. import io
-from ..attention_guard import attention_gemms
+from ..graph import io
+from ..recipes.attention_guard import attention_gemms
 from ..config import QuantizeConfig
 from ..placement.plan import Plan, Site
 from ..passes.strip import replace_uses
 from ..prepare import clean, plan_for
-from ..view import GraphView, is_float_dtype
+from ..graph.view import GraphView, is_float_dtype
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

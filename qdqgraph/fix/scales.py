@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..formats import Format
+from ..precisions.formats import Format
 from ..ops import nearest_resize
 from ..passes.insert import Known, weight_scales
 from ..placement.plan import Plan
-from ..view import GraphView
+from ..graph.view import GraphView
 from .facts import Fact, Facts
 from .planning import floating
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..view import GraphView
+from ..graph.view import GraphView
 from .base import PassResult, result
 
 

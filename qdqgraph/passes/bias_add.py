@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..ops import ADD, vocabulary
-from ..view import GraphView
+from ..graph.view import GraphView
 from .base import PassResult, result
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .. import io
-from ..data import CalibrationData
+from ..graph import io
+from ..samples.data import CalibrationData
 from ..placement.plan import Plan, Site
-from ..runtime import float_activations
-from ..view import GraphView
+from ..execution.runtime import float_activations
+from ..graph.view import GraphView
 from .base import PassResult, result
 from .insert import quantize_weight, weight_scales
 

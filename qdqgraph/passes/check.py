@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..formats import ZERO_POINT_TYPES
+from ..precisions.formats import ZERO_POINT_TYPES
 from ..ops import DEQUANTIZE, QUANTIZE
-from ..view import GraphView
+from ..graph.view import GraphView
 
 
 def qdq_violations(graph: gs.Graph) -> list[str]:

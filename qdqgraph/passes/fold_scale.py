@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..view import GraphView
+from ..graph.view import GraphView
 from .base import PassResult, result
 from .smooth import _k_axis
 

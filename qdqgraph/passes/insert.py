@@ -13,10 +13,10 @@ import numpy as np
 import numpy.typing as npt
 import onnx_graphsurgeon as gs
 
-from ..formats import INT8, Format
+from ..precisions.formats import INT8, Format
 from ..ops import DEQUANTIZE, QUANTIZE
 from ..placement.plan import Plan, Site
-from ..view import GraphView
+from ..graph.view import GraphView
 from .base import PassResult, result
 
 WEIGHT_FORMATS = ("int8", "qdq")

@@ -52,13 +52,13 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from .. import io
+from ..graph import io
 from ..calib.methods import safe_scales
-from ..data import CalibrationData
+from ..samples.data import CalibrationData
 from ..errors import QdqError
 from ..ops import DEQUANTIZE
-from ..runtime import float_activations
-from ..view import GraphView
+from ..execution.runtime import float_activations
+from ..graph.view import GraphView
 from .base import PassResult, result
 from .output_aware import _divide, _failed_folds, _fold_kind, _fold_producer
 from .smooth import MAX_SCALE, _k_axis
@@ -178,7 +178,7 @@ def _check_request(loaded: io.Loaded, block_size: int, method: str, data) -> Non
     opset = loaded.graph.opset
     if opset < MIN_OPSET:
         raise QdqError(f"INT4 blocked DequantizeLinear needs opset {MIN_OPSET}; the graph is at opset {opset}",
-                       f"raise it first (qdqgraph.io.raise_opset(model, {MIN_OPSET})) or re-export at opset "
+                       f"raise it first (qdqgraph.graph.io.raise_opset(model, {MIN_OPSET})) or re-export at opset "
                        f"{MIN_OPSET} or newer")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..ops import inference_no_op
-from ..view import GraphView
+from ..graph.view import GraphView
 from .base import PassResult, result
 
 

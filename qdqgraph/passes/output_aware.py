@@ -31,14 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .. import io
+from ..graph import io
 from ..calib.methods import safe_scales
-from ..data import CalibrationData
+from ..samples.data import CalibrationData
 from ..ops import MUL
 from ..placement.plan import Plan
-from ..profile import step
-from ..runtime import float_activations
-from ..view import GraphView
+from ..execution.profile import step
+from ..execution.runtime import float_activations
+from ..graph.view import GraphView
 from .base import PassResult, result
 from .fold_scale import producer_path
 from .smooth import MAX_SCALE, _k_axis, targets

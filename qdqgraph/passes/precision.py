@@ -35,12 +35,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from .. import io
+from ..graph import io
 from ..errors import QdqError
 from ..ops import CAST, vocabulary
 from ..rulebook.files import bundled, read_toml
-from ..runtime import graph_session
-from ..view import GraphView
+from ..execution.runtime import graph_session
+from ..graph.view import GraphView
 from .base import PassResult, result
 
 F32 = np.dtype(np.float32)
@@ -386,7 +386,7 @@ def _bounded_below_limit(view: GraphView, t: gs.Variable) -> bool:
 
 def measure_ranges(loaded: io.Loaded, data, samples: int = 4, providers=None) -> dict[str, float]:
     """max |x| of every float32 tensor of the (Q/DQ) graph `loaded` over the first `samples`
-    batches of `data` (a qdqgraph.data.CalibrationData). Its weights reach onnxruntime from memory,
+    batches of `data` (a qdqgraph.samples.data.CalibrationData). Its weights reach onnxruntime from memory,
     not through a serialized copy of the model."""
     view = GraphView(loaded.graph)
     names = [t.name for t in view.tensors.values()

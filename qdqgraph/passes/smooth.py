@@ -18,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .. import io
+from ..graph import io
 from ..ops import MUL
-from ..data import CalibrationData
+from ..samples.data import CalibrationData
 from ..placement.plan import Plan
-from ..runtime import float_activations
-from ..view import GraphView
+from ..execution.runtime import float_activations
+from ..graph.view import GraphView
 from .base import PassResult, result
 
 DEFAULT_ALPHA = 0.5

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from .. import api_checks
 from ..ops import CAST, DEQUANTIZE, QUANTIZE
-from ..view import GraphView
+from ..graph.view import GraphView
 from .base import PassResult, result
 from .bias_add import fold_bias_adds
 

@@ -12,11 +12,11 @@ from collections import deque
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .. import attention
+from ..graph import attention
 from ..errors import QdqError
-from ..pointwise import region_source
+from ..graph.pointwise import region_source
 from ..rulebook.match import Conditions, hit, miss
-from ..view import GraphView
+from ..graph.view import GraphView
 
 CONDITIONS = Conditions("placement")
 
@@ -420,7 +420,7 @@ def _attention(ctx, node):
 @CONDITIONS.register("attention", captures=("probs", "values"))
 def c_attention(ctx, node, arg):
     """The node is the first ("scores": Q x K^T) or second ("context": probabilities x V) batched
-    GEMM of an attention block: two MatMuls around a Softmax (qdqgraph.attention); "any": either."""
+    GEMM of an attention block: two MatMuls around a Softmax (qdqgraph.graph.attention); "any": either."""
     found = _attention(ctx, node)
     if found is None:
         return miss("not a batched GEMM of an attention block (MatMul -> ... -> Softmax -> ... -> MatMul)")

@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 from ..errors import QdqError
 from ..ops import nearest_resize
 from ..rulebook.match import Context, Match, op_matches
-from ..view import GraphView
+from ..graph.view import GraphView
 from .conditions import CONDITIONS, exact_zero_one
 from .plan import Decision, Plan, Selection, Site
 from .ruleset import Rule, RuleSet, Target, load_ruleset
@@ -149,7 +149,7 @@ def _require_names(nodes) -> None:
             what = f"a {n.op} node has no name" if not n.name else f"two nodes are named '{n.name}'"
             raise QdqError(f"{what}; placement addresses nodes by their names",
                            "load the model with qdqgraph.load (it names them), or call "
-                           "qdqgraph.io.name_nodes(graph) first")
+                           "qdqgraph.graph.io.name_nodes(graph) first")
         seen.add(n.name)
 
 

@@ -20,7 +20,7 @@ from ..trtsim.ir import DQ, Q, QParams, SimGraph, SNode, STensor
 from ..trtsim.regions import costly_regions
 from ..trtsim.rules import load_sim_rules
 from ..trtsim.simulate import simulate_graph
-from ..view import GraphView
+from ..graph.view import GraphView
 from .plan import Plan, Selection
 from .planner import plan_placement
 from .ruleset import RegionRule, RuleSet

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import QdqError
-from ..outputs import require_regular
+from ..graph.outputs import require_regular
 
 if sys.version_info >= (3, 11):
     import tomllib

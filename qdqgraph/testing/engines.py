@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx
 
-from .. import io
+from ..graph import io
 from ..backends import BuildOptions, tensorrt_rtx
 from ..backends.profiles import profiles
 from ..config import QuantizeConfig

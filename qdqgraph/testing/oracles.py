@@ -61,7 +61,7 @@ class OracleResult:
 
 
 def compare(name: str, folder: Path | None = None) -> OracleResult:
-    from .. import io
+    from ..graph import io
     folder = folder or oracles_dir()
     assert folder is not None, "no TensorRT oracle folder here (see oracles_dir)"
     sim = simulate(io.load(ORACLES[name]()).graph)

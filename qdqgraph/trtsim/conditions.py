@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import attention
-from ..formats import FOUR_BIT_TYPES, ZERO_POINT_TYPES
+from ..graph import attention
+from ..precisions.formats import FOUR_BIT_TYPES, ZERO_POINT_TYPES
 from ..ops import attr_str, inference_no_op, nearest_resize
-from ..pointwise import region_from
+from ..graph.pointwise import region_from
 from ..rulebook.match import Conditions, Context, Match, hit, miss
 from ..rulebook.match import op_matches as _op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import io
+from ..graph import io
 from ..errors import QdqError
 
 _LAYOUT_PREFIX = "Reformatting CopyNode"

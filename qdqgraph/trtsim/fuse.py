@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..rulebook.match import Context
-from ..pointwise import region_from, region_source
+from ..graph.pointwise import region_from, region_source
 from .conditions import LayerBuild, attention_block, evaluate, op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet

@@ -18,7 +18,7 @@ import numpy.typing as npt
 import onnx_graphsurgeon as gs
 
 from ..ops import Vocabulary, vocabulary
-from ..view import GraphView, is_float_dtype, subgraph_reads
+from ..graph.view import GraphView, is_float_dtype, subgraph_reads
 from .branches import through_branches
 
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
@@ -274,7 +274,7 @@ class SimGraph:
         return node.role in (Q, DQ)
 
     def is_pointwise(self, node: SNode) -> bool:
-        """An ordinary elementwise or activation op (qdqgraph.pointwise)."""
+        """An ordinary elementwise or activation op (qdqgraph.graph.pointwise)."""
         return node.role == OP and (self.vocab.is_(node, "elementwise") or self.vocab.is_(node, "epilogue"))
 
     def carries_data(self, tensor: str) -> bool:

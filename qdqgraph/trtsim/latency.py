@@ -1,4 +1,4 @@
-"""The latency estimate (qdqgraph/estimate.py) of a predicted engine: the simulator's layers turned
+"""The latency estimate (qdqgraph/trtsim/estimate.py) of a predicted engine: the simulator's layers turned
 into the estimate's per-layer work, so a Q/DQ model and its float original can be compared on a
 named GPU before any engine is built ("INT8 estimated 1.9x faster than FP16 on ... (roofline
 estimate)").
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from ..estimate import Constants, Estimate, LayerEstimate, LayerWork, fitted, gpu, layer_ms
+from .estimate import Constants, Estimate, LayerEstimate, LayerWork, fitted, gpu, layer_ms
 from .report import Layer, SimReport
 
 _SIZE = {"int8": 1, "fp8": 1, "int4": 0.5, "fp16": 2, "bf16": 2, "fp32": 4}

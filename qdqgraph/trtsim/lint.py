@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import vocabulary
-from ..formats import FOUR_BIT_TYPES, FP8
+from ..precisions.formats import FOUR_BIT_TYPES, FP8
 from .conditions import attention_block
 from .ir import DQ, OP, Q, SimGraph, SNode
 from .regions import costly_regions

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..formats import FOUR_BIT_TYPES, quantized_label
+from ..precisions.formats import FOUR_BIT_TYPES, quantized_label
 
 from .conditions import LayerBuild
 from .flops import node_flops
@@ -23,7 +23,7 @@ def as_graph(model) -> gs.Graph:
         return model
     if hasattr(model, "graph") and isinstance(model.graph, gs.Graph):
         return model.graph
-    from .. import io
+    from ..graph import io
     return io.load(model).graph
 
 

@@ -31,12 +31,12 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from . import io
-from .config import QuantizeConfig
-from .data import CalibrationData
-from .errors import QdqError
-from .ops import Vocabulary, vocabulary
-from .passes.base import PassResult, result
-from .runtime import session
+from ..config import QuantizeConfig
+from ..samples.data import CalibrationData
+from ..errors import QdqError
+from ..ops import Vocabulary, vocabulary
+from ..passes.base import PassResult, result
+from ..execution.runtime import session
 
 BRANCHES = (("then_branch", True), ("else_branch", False))
 

@@ -33,8 +33,8 @@ import logging
 import os
 import time
 
-from . import io
-from .errors import QdqError
+from ..graph import io
+from ..errors import QdqError
 from .progress import step
 from .runtime import custom_op_libraries, register_custom_ops
 
@@ -104,7 +104,7 @@ def _start(ray, address: str | None, cpus: int | None) -> None:
     local = address in (None, LOCAL)
     try:
         if local:
-            from .calib.collect import cores
+            from ..calib.collect import cores
             # a Ray started for one run reports no usage statistics unless the user asked for them
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(address=LOCAL, num_cpus=cpus or cores(), include_dashboard=False, **quiet)

@@ -26,9 +26,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import io
-from .errors import QdqError
-from .rulebook.files import bundled, read_rule_file
+from ..graph import io
+from ..errors import QdqError
+from ..rulebook.files import bundled, read_rule_file
 
 PRECISIONS = ("fp32", "tf32", "fp16", "int8", "fp8")
 

@@ -42,7 +42,7 @@ class Format:
 
     def scale_of(self, amax):
         """float32 scale(s) for amax value(s), always finite and > 0 (TRT_RULES C3)."""
-        from .calib.methods import safe_scales
+        from ..calib.methods import safe_scales
         return safe_scales(np.asarray(amax, dtype=np.float64), self.qmax)
 
     def quantize(self, x: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -19,8 +19,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import QdqError
-from .outputs import require_regular
+from ..errors import QdqError
+from ..graph.outputs import require_regular
 
 META_KEYS = ("__meta__",)
 # said once for --calib random (the pipeline's report says the same words: the CLI says them once)

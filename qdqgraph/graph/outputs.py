@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from .errors import QdqError
+from ..errors import QdqError
 
 _WRITTEN: list[Path] = []
 

@@ -20,9 +20,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from . import outputs
-from .errors import QdqError
-from .formats import FOUR_BIT_TYPES
-from .ops import CONSTANT
+from ..errors import QdqError
+from ..precisions.formats import FOUR_BIT_TYPES
+from ..ops import CONSTANT
 
 # A protobuf cannot exceed 2 GiB; above this many bytes of tensors a model is written with its
 # tensors in a side file. A module constant so that tests can lower it.
@@ -594,7 +594,7 @@ def check(model: onnx.ModelProto) -> None:
 
 
 def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = (), force: bool = True) -> list[Path]:
-    """Write `model` to `path` by qdqgraph's output policy (qdqgraph.outputs: atomic, mode from the
+    """Write `model` to `path` by qdqgraph's output policy (qdqgraph.graph.outputs: atomic, mode from the
     umask, an existing file replaced only with `force`); returns the files written.
 
     Models whose tensors exceed EXTERNAL_DATA_THRESHOLD are written with external data in
@@ -717,7 +717,7 @@ def save_temp(model: onnx.ModelProto, folder: str) -> str:
 
 
 def write_text_atomic(path, text: str, force: bool = True) -> None:
-    """Write `text` to `path` by qdqgraph's output policy (qdqgraph.outputs)."""
+    """Write `text` to `path` by qdqgraph's output policy (qdqgraph.graph.outputs)."""
     outputs.write_text(path, text, force)
 
 

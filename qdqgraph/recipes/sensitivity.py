@@ -13,7 +13,7 @@ recalibrate (the scales of the one calibration are reused).
 Fallback returns units to float greedily, most harmful first (largest SQNR gain when left in float),
 until the output SQNR reaches the budget or `max_float` units are float.
 
-With `ray` (an address, or "local"), the per-unit runs are split over Ray tasks (qdqgraph.distributed):
+With `ray` (an address, or "local"), the per-unit runs are split over Ray tasks (qdqgraph.execution.distributed):
 each task opens its own session on the very model this process's session runs (the same bytes and
 weights) and measures a contiguous run of the units against this process's float outputs; the
 all-INT8 run and the evaluator stay here. Every SQNR, and so the ranking, is the one-process value.
@@ -27,12 +27,13 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import distributed, io
-from .data import CalibrationData
-from .runtime import graph_session, session
-from .ops import DEQUANTIZE, IDENTITY, IF, QUANTIZE
-from .progress import stage, step
-from .placement.plan import Plan
+from ..execution import distributed
+from ..graph import io
+from ..samples.data import CalibrationData
+from ..execution.runtime import graph_session, session
+from ..ops import DEQUANTIZE, IDENTITY, IF, QUANTIZE
+from ..execution.progress import stage, step
+from ..placement.plan import Plan
 
 
 @dataclass

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from . import io
-from .data import CalibrationData, require_numeric
-from .errors import QdqError
-from .ops import DEQUANTIZE, QUANTIZE
-from .prepare import model_inputs
+from ..graph import io
+from ..samples.data import CalibrationData, require_numeric
+from ..errors import QdqError
+from ..ops import DEQUANTIZE, QUANTIZE
+from ..prepare import model_inputs
 from .progress import stage, step
 from .runtime import graph_session
 
@@ -151,8 +151,8 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
             samples: int | None = None, tensors: bool = True, preprocess: str | None = None,
             progress=None) -> Comparison:
     """Run both models over `data` (or `calib`, read like calibration data) and compare.
-    `progress`: see qdqgraph.progress."""
-    from .data import read_arrays
+    `progress`: see qdqgraph.execution.progress."""
+    from ..samples.data import read_arrays
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
     check_same_inputs(f_loaded, q_loaded, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
     if data is None:

@@ -7,7 +7,7 @@ shards merged; `qdqgraph.calibrate` in the API and `qdqgraph calibrate` on the c
     cal = qdqgraph.merge_calibrations(["s1.json", "s2.json", "s3.json", "s4.json"], method="entropy")
     cal = qdqgraph.calibrate("model.onnx", "data/", method="entropy", ray="local")   # shards as Ray tasks
 
-With `config.ray` (an address, or "local"), the shards run as Ray tasks (qdqgraph.distributed), one
+With `config.ray` (an address, or "local"), the shards run as Ray tasks (qdqgraph.execution.distributed), one
 per CPU of the cluster, and their states merge in shard order into the states of one run: the
 ranges are those of one process, bit for bit.
 """
@@ -22,18 +22,20 @@ from pathlib import Path
 
 import onnx
 
-from . import api_checks, distributed, io, outputs
-from .calib import cache as cache_files
-from .calib.collect import collect, default_lanes
-from .calib.methods import compute_amax
-from .calib.states import merge_state_files, save_states
-from .config import DEFAULT_PERCENTILE, QuantizeConfig, config_from
-from .data import CalibrationData
-from .errors import QdqError
-from .placement.plan import Plan
-from .prepare import prepare, read_data
-from .progress import stage
-from .runtime import register_custom_ops
+from .. import api_checks
+from ..execution import distributed
+from ..graph import io, outputs
+from . import cache as cache_files
+from .collect import collect, default_lanes
+from .methods import compute_amax
+from .states import merge_state_files, save_states
+from ..config import DEFAULT_PERCENTILE, QuantizeConfig, config_from
+from ..samples.data import CalibrationData
+from ..errors import QdqError
+from ..placement.plan import Plan
+from ..prepare import prepare, read_data
+from ..execution.progress import stage
+from ..execution.runtime import register_custom_ops
 
 FORMATS = ("json", "tensorrt", "state")
 
@@ -57,7 +59,7 @@ class Calibration:
 
     def save(self, path, format: str = "json", force: bool = True) -> None:
         """Write a qdqgraph JSON cache, a TensorRT calibration cache, or the states (to merge); an
-        existing file is replaced only with `force` (qdqgraph.outputs)."""
+        existing file is replaced only with `force` (qdqgraph.graph.outputs)."""
         if format not in FORMATS:
             raise QdqError(f"unknown calibration format {format!r}", f"use one of {', '.join(FORMATS)}")
         if format == "state":

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import QdqError
-from .outputs import require_regular
+from ..errors import QdqError
+from ..graph.outputs import require_regular
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 _KEYS = {"resize", "crop", "scale", "mean", "std", "layout", "color"}

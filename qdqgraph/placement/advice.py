@@ -15,8 +15,8 @@ from collections import Counter
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .placement.plan import Plan
-from .view import GraphView
+from .plan import Plan
+from ..graph.view import GraphView
 
 LITTLE_INT8 = 0.10
 MAX_CAUSES = 3
@@ -26,7 +26,7 @@ def _little(plan: Plan, summary: dict | None) -> str | None:
     """'nothing', 'only x% of the weighted FLOPs', or None when enough is quantized."""
     share = (summary or {}).get("int8_flops_share")
     quantized = any(d.quantized for d in plan.decisions.values())
-    if share is not None and share >= LITTLE_INT8:      # also what If branches quantized (qdqgraph.branches)
+    if share is not None and share >= LITTLE_INT8:      # also what If branches quantized (qdqgraph.graph.branches)
         return None
     if quantized and share is None:
         return None

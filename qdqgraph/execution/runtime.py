@@ -7,8 +7,8 @@ from pathlib import Path
 
 import onnx
 
-from . import io
-from .errors import QdqError
+from ..graph import io
+from ..errors import QdqError
 from .profile import step
 
 # Shared libraries of custom ops (onnxruntime's register_custom_ops_library), from

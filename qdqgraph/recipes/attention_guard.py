@@ -4,7 +4,7 @@ Placement quantizes both GEMMs of every attention block the rules allow (P15): T
 the block as one fused INT8 attention layer (F10). That is fast, but the probabilities on a fixed
 scale of 1/127 and per-tensor INT8 queries, keys and values cost some models a lot (a ViT with 257
 tokens loses about 16 dB of output SQNR; text encoders of 128 tokens lose little). In `auto` mode
-(the default) the Q/DQ model is built twice in one switchable session (qdqgraph.sensitivity): all
+(the default) the Q/DQ model is built twice in one switchable session (qdqgraph.recipes.sensitivity): all
 INT8, and with every attention GEMM float; the attention stays INT8 when that costs at most
 ATTENTION_MAX_LOSS_DB, else its GEMMs return to float with the measured cost as the reason. `off`
 floats them without measuring; `on` keeps them.
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from . import attention, io
-from .config import ATTENTION_MAX_LOSS_DB, QuantizeConfig
-from .data import CalibrationData
-from .passes.insert import insert_qdq
-from .placement.plan import Plan
+from ..graph import attention, io
+from ..config import ATTENTION_MAX_LOSS_DB, QuantizeConfig
+from ..samples.data import CalibrationData
+from ..passes.insert import insert_qdq
+from ..placement.plan import Plan
 from .sensitivity import measure
-from .view import GraphView
+from ..graph.view import GraphView
 
 
 def attention_gemms(graph: gs.Graph, plan: Plan) -> list[str]:

@@ -9,7 +9,7 @@ around the Softmax are all found (TRANSFORMERS.md: an encoder with a position bi
 an exact-chain detector).
 
 Placement (rules P15-attention-*), the simulator (the fused-MHA fusion rule) and the linter read
-graphs of their own kinds; all go through the name-keyed interface of qdqgraph.pointwise
+graphs of their own kinds; all go through the name-keyed interface of qdqgraph.graph.pointwise
 (`producer`, `consumers`, `node_outputs`, `is_graph_output`) plus `vocab` and, for the simulator,
 `is_qdq(node)`: in a Q/DQ graph the Q -> DQ pair on the probabilities sits on the BMM2 path.
 """

@@ -9,7 +9,7 @@ from functools import cached_property
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .ops import CONSTANT, Vocabulary, vocabulary
+from ..ops import CONSTANT, Vocabulary, vocabulary
 
 
 def is_float_dtype(dtype) -> bool:
@@ -149,7 +149,7 @@ class GraphView:
 
     def named(self) -> "NamedView":
         """This view with tensors named by string, for the walks shared with the simulator
-        (qdqgraph.pointwise)."""
+        (qdqgraph.graph.pointwise)."""
         return self._named
 
     def through(self, tensor: gs.Tensor, cls: str = "copy") -> list[tuple[gs.Node, int]]:

@@ -1,0 +1,1 @@
+"""Running things: onnxruntime sessions, Ray, comparison, the stage profile, progress bars."""

@@ -1,0 +1,1 @@
+"""Quantized formats and their scale arithmetic."""

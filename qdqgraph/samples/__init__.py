@@ -1,0 +1,1 @@
+"""Samples for calibration and comparison: arrays from .npz/.npy files and folders, images."""
