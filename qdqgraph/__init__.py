@@ -7,7 +7,7 @@
 Each stage is importable and usable on its own: `load`, `fold_constants`, `fold_batchnorm`,
 `plan_placement`, `insert_qdq`, `strip_qdq`, `qdq_violations`.
 """
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
 from .errors import QdqError  # noqa: E402
 from .graph.io import load, save, to_model  # noqa: E402
@@ -20,8 +20,7 @@ from .calib.calibration import Calibration, calibrate, merge_calibrations  # noq
 from .config import QuantizeConfig  # noqa: E402
 from .pipeline import Result, quantize  # noqa: E402
 from .fix import FixResult, fix  # noqa: E402
-from .placement import Selection, plan_placement  # noqa: E402
-from .placement import load_ruleset  # noqa: E402
+from .placement import Selection, plan_placement, load_ruleset
 from .execution.runtime import deployment_session as session  # noqa: E402
 
 __all__ = ["QdqError", "load", "save", "to_model", "fold_batchnorm", "fold_constants", "plan_placement",

@@ -11,9 +11,11 @@ import os
 from collections.abc import Mapping
 
 import numpy as np
-import onnx
 
+from .graph import proto
 from .errors import ArgumentTypeError, QdqError
+from .config import QuantizeConfig
+import onnx_graphsurgeon as gs
 
 MODEL = "a path (str or os.PathLike) to an .onnx file, or an onnx.ModelProto"
 CALIB = ('a path (str or os.PathLike) to an .npz, an .npy or a folder of them or of images, a dict '
@@ -39,7 +41,7 @@ def _is_path(value) -> bool:
 
 
 def model(value, func: str) -> None:
-    if isinstance(value, onnx.ModelProto) or _is_path(value):
+    if proto.is_model(value) or _is_path(value):
         return
     if isinstance(value, (bytes, bytearray)):
         raise ArgumentTypeError(f"{func}(model=...) got bytes: it takes {MODEL}",
@@ -77,7 +79,6 @@ def _string_keys(value: dict, where: str, what: str, fix: str) -> None:
 
 
 def config(value, func: str) -> None:
-    from .config import QuantizeConfig
     if value is None or isinstance(value, QuantizeConfig):
         return
     hint = "pass qdqgraph.QuantizeConfig(...), or the options as keyword arguments"
@@ -130,7 +131,6 @@ def fix(model_, calib_, config_) -> None:
 
 
 def graph(value, func: str) -> None:
-    import onnx_graphsurgeon as gs
     if isinstance(value, gs.Graph):
         return
     raise ArgumentTypeError(f"{func}(graph=...) takes an onnx_graphsurgeon Graph, not {_got(value)}",

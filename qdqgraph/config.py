@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
+from .graph import proto
 from .calib.methods import METHODS
 from .errors import QdqError
 from .precisions.formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
@@ -41,8 +42,7 @@ ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 whil
 
 @lru_cache(maxsize=1)
 def onnx_op_types() -> frozenset[str]:
-    import onnx
-    return frozenset(s.name for s in onnx.defs.get_all_schemas_with_history())
+    return proto.op_types()
 
 
 def _int(name: str, value, minimum: int, optional: bool = False) -> None:

@@ -16,11 +16,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
 import onnx_graphsurgeon as gs
 
 from .placement import advice
-from .graph import attention, branches, io
+from .graph import attention, branches, io, proto
 from .recipes import attention_guard
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
@@ -33,8 +32,7 @@ from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
 from .passes.insert import insert_qdq
 from .passes.int4_weights import int4_targets, quantize_int4_weights
-from .passes.precision import MIN_OPSET as PRECISION_OPSET
-from .passes.precision import lower_float_islands, measure_ranges
+from .passes.precision import MIN_OPSET as PRECISION_OPSET, lower_float_islands, measure_ranges
 from .passes import output_aware
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
@@ -49,13 +47,14 @@ from .passes.strip import strip_qdq
 from .trtsim.latency import DEFAULT_GPU, speed_line
 from .trtsim.regions import inner_reformats
 from .graph.view import GraphView
+from .api_checks import quantize as check_arguments
 
 __all__ = ["Result", "quantize", "prepare", "default_output"]
 
 
 @dataclass
 class Result:
-    model: onnx.ModelProto
+    model: proto.ModelProto
     plan: Plan
     report: InsertReport
     config: QuantizeConfig | None = None
@@ -123,7 +122,6 @@ def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_c
     of the same names (method, percentile, rules, exclude_nodes, high_precision, accuracy_budget, ...);
     see qdqgraph.config for each one and its default.
     """
-    from .api_checks import quantize as check_arguments     # wrong types: one clear error, before any work
     check_arguments(model, calib, config, calib_cache)
     with fewer_collections(), distributed.scope():     # a Ray started for one stage serves the next
         return _quantize(model, calib, config, calib_cache, progress, options)
@@ -419,7 +417,7 @@ def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeC
 
 
 def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: CalibrationData | None,
-            report: InsertReport) -> tuple[onnx.ModelProto, io.Loaded]:
+            report: InsertReport) -> tuple[proto.ModelProto, io.Loaded]:
     """The written model: float islands in cfg.high_precision (opset raised to 19 for their
     scales), checked. With `data`, ops whose outputs reach passes.precision.RANGE_LIMIT on a few
     samples stay float32. Returns the model and the graph it was exported from."""
@@ -454,33 +452,33 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
     return model, lowered
 
 
-def _check(model: onnx.ModelProto, what: str) -> None:
+def _check(model: proto.ModelProto, what: str) -> None:
     try:
         io.check(model)
-    except onnx.checker.ValidationError as e:
+    except proto.CHECK_ERRORS as e:
         raise InvariantError(f"the {what} model fails the ONNX checker: {str(e).splitlines()[0]}") from e
 
 
-def _check_raised(model: onnx.ModelProto, high_precision: str, report: InsertReport) -> None:
+def _check_raised(model: proto.ModelProto, high_precision: str, report: InsertReport) -> None:
     """The checker on the opset-19 model. Newer shape inference can prove a declared output shape
     wrong that the model's own opset let pass (an exporter's stale declaration, say); then the
     output shapes are left to inference, with a warning, and the check runs again."""
     try:
         io.check(model)
         return
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+    except proto.CHECK_ERRORS as e:
         first = str(e).strip().splitlines()[0]
         declared = [o for o in model.graph.output if o.type.tensor_type.HasField("shape")]
         if not declared:
             raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
     del model.graph.value_info[:]                 # shapes of the old opset, re-inferred below
-    saved = {o.name: onnx.TensorShapeProto() for o in declared}
+    saved = {o.name: proto.empty_shape() for o in declared}
     for o in declared:
         saved[o.name].CopyFrom(o.type.tensor_type.shape)
         o.type.tensor_type.ClearField("shape")
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except onnx.shape_inference.InferenceError as e:
+        inferred = proto.infer_shapes_lenient(model)
+    except proto.CHECK_ERRORS as e:
         raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
     model.graph.value_info.extend(inferred.graph.value_info)
     shapes = {o.name: o.type.tensor_type for o in inferred.graph.output}
@@ -490,7 +488,7 @@ def _check_raised(model: onnx.ModelProto, high_precision: str, report: InsertRep
                                           else saved[o.name])
     try:
         io.check(model)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+    except proto.CHECK_ERRORS as e:
         raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
     report.warnings.append(f"at opset {PRECISION_OPSET} the ONNX checker rejects the declared output shapes "
                            f"({first}); the written model declares the shapes inference finds")

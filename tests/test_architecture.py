@@ -129,3 +129,76 @@ def test_every_package_ships_in_the_wheel():
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "qdqgraph").rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
+
+
+ONNX_MODULES = {"qdqgraph.graph.io", "qdqgraph.graph.proto", "qdqgraph.graph.example"}
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def _imports_onnx(path: Path) -> bool:
+    """Whether the module imports the onnx library (onnx or onnx.*, not onnx_graphsurgeon), at any level."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(a.name == "onnx" or a.name.startswith("onnx.") for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module and (
+                node.module == "onnx" or node.module.startswith("onnx.")):
+            return True
+    return False
+
+
+def test_only_the_graph_io_modules_import_onnx():
+    """The onnx library is reached through graph/io.py (files), graph/proto.py (types, schemas, the
+    checker's errors) and graph/example.py (the built-in model); the testing helpers build models
+    with it too. Everything else works on graphsurgeon graphs."""
+    found = {name for name, path in modules().items()
+             if not name.startswith("qdqgraph.testing") and _imports_onnx(path)}
+    assert found <= ONNX_MODULES, sorted(found - ONNX_MODULES)
+    assert len(ONNX_MODULES) <= 4
+
+
+def test_the_onnx_import_check_sees_one(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("def f():\n    from onnx import helper\n")
+    assert _imports_onnx(p)
+    p.write_text("import onnx_graphsurgeon as gs\n")
+    assert not _imports_onnx(p)
+
+
+def test_few_top_level_modules():
+    """Code lives in the package of its job (graph/, samples/, calib/, placement/, recipes/, passes/,
+    precisions/, trtsim/, backends/, execution/, fix/, cli/); the top level keeps the API, the
+    configuration, the errors, the op vocabulary and the stages that tie the packages together."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+MAX_FUNCTION_LEVEL_IMPORTS = 30
+
+
+def _function_level_imports(path: Path) -> list[int]:
+    tree = ast.parse(path.read_text())
+    parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            a = parents.get(node)
+            while a is not None and not isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = parents.get(a)
+            if a is not None:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_imports_at_module_level():
+    """Imports sit at the top of a module, where the architecture check and a reader see them; a
+    function imports only an optional dependency (Ray, Pillow, tqdm, a TensorRT) or a heavy one it
+    alone needs. At most MAX_FUNCTION_LEVEL_IMPORTS in the tool."""
+    found = {f"{name}:{line}" for name, path in modules().items() if not name.startswith("qdqgraph.testing")
+             for line in _function_level_imports(path)}
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, sorted(found)
+
+
+def test_the_function_level_import_count_sees_one(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("import os\n\ndef f():\n    import json\n    return json\n")
+    assert _function_level_imports(p) == [4]

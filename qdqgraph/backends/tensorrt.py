@@ -22,6 +22,7 @@ from pathlib import Path
 from ..errors import QdqError
 from ..trtsim.engine_report import parse_engine_info
 from . import base
+import time
 
 NAME = "tensorrt"
 INSTALL = ("install TensorRT on a machine with an NVIDIA GPU: pip install 'qdqgraph[trt]' "
@@ -64,7 +65,6 @@ def _network_flags(trt) -> tuple[int, bool]:
 
 
 def build(model, plan: Path, options: base.BuildOptions) -> base.BuildResult:
-    import time
     trt = import_module()
     t0 = time.perf_counter()
     log = base.Log(trt, options.verbose)

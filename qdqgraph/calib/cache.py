@@ -35,6 +35,7 @@ import numpy as np
 from .methods import INT8_MAX, safe_scale
 
 from ..graph import io
+from ..version import __version__
 
 JSON_FORMAT = "qdqgraph-calib"
 JSON_VERSION = 1
@@ -86,7 +87,6 @@ def _bad(path, line: int, what: str) -> ValueError:
 # ------------------------------------------------------------------------------------------ JSON
 def write_json(path, amaxes: dict, method: str, samples: int, force: bool = True) -> None:
     """Write qdqgraph's JSON cache of `amaxes` (tensor name -> amax), atomically."""
-    from .. import __version__
     tensors = {}
     for name, amax in amaxes.items():
         a = _check_amax(name, amax)

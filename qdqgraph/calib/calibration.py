@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
 
-import onnx
-
+from ..graph import proto, io, outputs
 from .. import api_checks
 from ..execution import distributed
-from ..graph import io, outputs
 from . import cache as cache_files
 from .collect import collect, default_lanes
 from .methods import compute_amax
@@ -76,7 +74,7 @@ class Calibration:
 def model_id(model) -> str:
     """sha256 of the model file (or of the ModelProto's bytes): ties saved state to its model."""
     h = hashlib.sha256()
-    if isinstance(model, onnx.ModelProto):
+    if proto.is_model(model):
         h.update(model.SerializeToString())
     else:
         with open(model, "rb") as f:

@@ -38,15 +38,17 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph import io
+from ..graph import io, proto
 from ..samples.data import CalibrationData
 from ..errors import QdqError
 from ..ops import ABS, CAST, IDENTITY, MUL, REDUCE_MAX, SLICE
 from ..execution.runtime import BlockedOutputs, graph_session, unordered_session
 from .histogram import COMPILED, RangeState, abs_max, finite
+import os
+from concurrent.futures import ThreadPoolExecutor
+import threading
 
 
 HISTOGRAM_STRIDE = 1          # default spatial stride of the histogram subsample (1: every value)
@@ -55,7 +57,6 @@ SUBSAMPLE_MIN_HW = 1024       # H*W below which a feature map is histogrammed wh
 
 def cores() -> int:
     """Cores this process may run on."""
-    import os
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:           # not on Linux
@@ -186,7 +187,7 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
             scaled = g.layer(op=MUL, name=f"qdqgraph_calib_scale_{i}", inputs=[a, inv],
                              outputs=[gs.Variable(f"qdqgraph_calib_scaled_{i}", dtype=np.float32)])[0]
             idx = g.layer(op=CAST, name=f"qdqgraph_calib_index_{i}", inputs=[scaled],
-                          attrs={"to": onnx.TensorProto.INT32},
+                          attrs={"to": proto.INT32},
                           outputs=[gs.Variable(f"qdqgraph_calib_index_{i}", dtype=np.int32)])[0]
             g.outputs.append(idx)
             probe.index_out, probe.inv_in = idx.name, inv.name
@@ -295,7 +296,6 @@ def _collect_histograms(sess, probes, owner, states, batches, progress, origin) 
     """Run the batches; counting batch k's indices (a worker thread) overlaps running batch k+1
     in onnxruntime, which releases the GIL. The ranges start from the `origin` sample's maxima.
     Returns (samples, runs)."""
-    from concurrent.futures import ThreadPoolExecutor
     seen = runs = 0
     pending = None
     names = [p.amax_out for p in probes] + [p.index_out for p in probes]
@@ -404,7 +404,6 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     (raises _Padded, with no progress reported). `seed`: a sample run first, alone, to start each
     histogram's range (`RangeState.start`); the first batch's first sample does that otherwise.
     Returns (samples, runs)."""
-    from concurrent.futures import ThreadPoolExecutor
     seen = runs = 0
     if blocked is not None:
         fetch = {t: None if f is None else blocked.fetch[f] for t, f in fetch.items()}
@@ -455,8 +454,6 @@ def _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lan
     sequential run bit for bit (histogram.py). `first`: the index of the first sample to come. Of
     several failures, the one at the earliest sample is raised. Returns (samples, runs) of these
     batches."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
     lock = threading.Lock()
     stop = threading.Event()
     batches = iter(batches)

@@ -21,6 +21,7 @@ from ..errors import QdqError
 from . import build, calibrate, compare, estimate, example, fix, insert, report, strip
 from .args import Formatter, Parser, UsageError
 from .messages import reset, warn
+from ..version import __version__
 
 
 def build_parser() -> Parser:
@@ -36,7 +37,6 @@ def build_parser() -> Parser:
 
 
 def _version() -> str:
-    from .. import __version__
     return __version__
 
 

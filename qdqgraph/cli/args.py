@@ -16,6 +16,8 @@ from ..precisions.formats import PRECISIONS
 from ..errors import QdqError
 from ..passes.insert import WEIGHT_FORMATS
 from ..passes.precision import HIGH_PRECISIONS
+import onnxruntime as ort
+from ..passes.fix_inputs import parse_fixed
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
              "tensorrt": "TensorrtExecutionProvider", "dml": "DmlExecutionProvider"}
@@ -158,7 +160,6 @@ def providers(text: str) -> tuple[str, ...]:
 
 
 def check_providers(names: tuple[str, ...]) -> None:
-    import onnxruntime as ort
     missing = [p for p in names if p not in ort.get_available_providers()]
     if missing:
         raise QdqError(f"onnxruntime here has no {', '.join(missing)}",
@@ -166,7 +167,6 @@ def check_providers(names: tuple[str, ...]) -> None:
 
 
 def fixed_inputs(specs: list[str]) -> dict:
-    from ..passes.fix_inputs import parse_fixed
     fixed = {}
     for spec in specs:
         name, values = parse_fixed(spec)

@@ -5,8 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..graph import outputs
+from ..graph import outputs, io
 from . import args as a
+from ..backends.profiles import profiles
+from ..prepare import model_inputs, read_data
+from ..backends import choose, targets, BuildOptions
+from ..trtsim import diff, kernel_agreement, simulate
+from ..trtsim.diff import standalone_kernels
+from ..errors import QdqError
+from ..config import QuantizeConfig
 
 
 EXAMPLES = """examples:
@@ -36,15 +43,12 @@ def add(sub) -> None:
 
 
 def engine_profiles(args, loaded, data=None):
-    from ..backends.profiles import profiles
-    from ..prepare import model_inputs
     return profiles(model_inputs(loaded.graph), data, args.shapes, args.min_shapes, args.opt_shapes,
                     args.max_shapes, args.max_batch)
 
 
 def check_engine_args(args):
     """The backend and targets before any work: a missing compiler is one line, nothing written."""
-    from ..backends import choose, targets
     targets.parse(args.compute_capability)
     return choose(args.backend)
 
@@ -53,8 +57,6 @@ def comparison(sim, engine) -> tuple[str, dict]:
     """The compiled engine against the prediction, as text and as a dict: compute kernels and
     standalone quantize kernels for a compiler listing (layers with a qdqgraph kind), layer by layer
     for datacenter TensorRT's inspector JSON."""
-    from ..trtsim import diff, kernel_agreement
-    from ..trtsim.diff import standalone_kernels
     if any(e.kind for e in engine.layers):
         agreement = kernel_agreement(sim, engine)
         predicted, compiled = len(sim.reformats), len(standalone_kernels(sim, engine))
@@ -73,9 +75,6 @@ def _layer_json(result, check: dict) -> str:
 def build_and_check(model_path: Path, plan: Path, args, loaded, data=None, backend=None) -> None:
     """Build, print the engine summary and the compiler's warnings once each, check the compute
     kernels against the prediction, and write --layer-info."""
-    from ..backends import BuildOptions, choose, targets
-    from ..errors import QdqError
-    from ..trtsim import simulate
     backend = backend or choose(args.backend)
     shapes = engine_profiles(args, loaded, data)
     for p in shapes.values():
@@ -108,9 +107,6 @@ def build_and_check(model_path: Path, plan: Path, args, loaded, data=None, backe
 
 
 def run_build(args) -> int:
-    from ..graph import io
-    from ..config import QuantizeConfig
-    from ..prepare import read_data
     a.at_least(args.max_batch, "--max-batch", 1)
     a.at_least(args.workspace, "--workspace", 1)
     io.require_model_file(args.model)

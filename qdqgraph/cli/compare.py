@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
-from ..graph import outputs
+from ..graph import outputs, io
 from . import args as a
 from .progress import bars
+from ..execution.evaluate import compare
 
 EXAMPLES = """examples:
   qdqgraph compare model.onnx model.qdq.onnx --data data.npz
@@ -32,9 +33,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from ..execution.evaluate import compare
     a.at_least(args.samples, "--samples", 1)
-    from ..graph import io
     io.require_model_file(args.float_model)
     io.require_model_file(args.quant_model)
     plan = outputs.Plan(args.force, inputs=[args.float_model, args.quant_model, args.data])

@@ -5,6 +5,7 @@ import json
 
 from ..graph import outputs
 from . import args as a
+from ..trtsim.estimate import estimate, gpu, gpus
 
 EXAMPLES = """examples:
   qdqgraph estimate layers.json --gpu rtx-4090
@@ -35,7 +36,6 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from ..trtsim.estimate import estimate, gpu, gpus
     a.at_least(args.top, "--top", 0)
     if args.gpu.strip().lower() == "list":
         for g in gpus().values():

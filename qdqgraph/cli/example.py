@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..graph import outputs
+from ..graph import outputs, io
 from ..errors import QdqError
 from . import args as a
+import numpy as np
+from ..graph.example import smooth_images, tiny_resnet
 
 EXAMPLES = """examples:
   qdqgraph example out && qdqgraph insert out/tiny_resnet.onnx --calib out/tiny_resnet_calib.npz
@@ -24,10 +26,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    import numpy as np
 
-    from ..graph import io
-    from ..graph.example import smooth_images, tiny_resnet
     a.at_least(args.samples, "--samples", 1)
     folder = Path(args.folder)
     if folder.exists() and not folder.is_dir():

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..graph import outputs
+from ..graph import outputs, io
 from ..errors import QdqError
 from . import args as a
 from .insert import write_result
 from .progress import run_with_bars
+from ..fix import default_output, fix
 
 EXAMPLES = """examples:
   qdqgraph fix model_qat.onnx                            # writes model_qat.fixed.onnx beside it
@@ -53,8 +54,6 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from ..graph import io
-    from ..fix import default_output, fix
     config = a.config(args)                          # every option checked before any work
     if config.fixed_inputs:
         raise QdqError("--fix-input is not supported by fix (it would change the graph, not only its Q/DQ)",

@@ -3,11 +3,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..graph import outputs
+from ..graph import outputs, io
 from ..errors import QdqError
 from . import args as a
 from .messages import warn_all
 from .progress import bars, run_with_bars
+from .. import pipeline
+from ..pipeline import default_output
+from .build import check_engine_args, build_and_check
+from ..execution.distributed import require
+from ..prepare import read_data
+from ..execution import evaluate
 
 EXAMPLES = """examples:
   qdqgraph insert model.onnx --calib data.npz                    # writes model.qdq.onnx beside it
@@ -85,7 +91,6 @@ def write_result(result, args, out: Path, report_path, verify=None) -> list:
     then the warnings on stderr; then `verify()`, a stage of the profile that --verbose prints at
     the end (the JSON, written before it so that an interrupted check leaves it, has not got it).
     Returns the written paths."""
-    from ..graph import io
     with result.report.stage("save"):
         written = io.save(result.model, out, protect=(Path(args.model),), force=args.force)
     result.report.output = str(written[0])
@@ -103,8 +108,6 @@ def write_result(result, args, out: Path, report_path, verify=None) -> list:
 
 
 def run(args) -> int:
-    from ..graph import io
-    from ..pipeline import default_output, quantize
     config = a.config(args)                          # every option checked before any work
     a.at_least(args.verify, "--verify", 0)
     a.at_least(args.max_batch, "--max-batch", 1)
@@ -119,16 +122,14 @@ def run(args) -> int:
     assert out is not None                          # a path is always given
     report_path = plan.output(args.report, "--report")
     if args.engine:                                 # fail before any work when the engine cannot be built
-        from .build import check_engine_args
         plan.output(args.engine, "--engine")
         plan.output(args.layer_info, "--layer-info")
         check_engine_args(args)
     if config.providers:
         a.check_providers(config.providers)
     if config.ray:                                  # Ray missing: one line naming the extra, before any work
-        from ..execution.distributed import require
         require()
-    result = run_with_bars(args, lambda progress: quantize(args.model, args.calib, config=config,
+    result = run_with_bars(args, lambda progress: pipeline.quantize(args.model, args.calib, config=config,
                                                            calib_cache=args.calib_cache, progress=progress))
     verify = None
     if not args.quiet and args.verify > 0 and config.high_precision == "bf16":
@@ -137,18 +138,15 @@ def run(args) -> int:
                   "(compare it on a GPU provider, or insert with --high-precision fp16 or fp32 to check here)")
     elif not args.quiet and args.verify > 0 and args.calib is not None and args.calib != "random":
         def verify():
-            from ..execution.evaluate import compare
             progress = bars(args)
             try:
-                print(compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,
+                print(evaluate.compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,
                               preprocess=args.preprocess, progress=progress).table())
             finally:
                 if progress is not None:
                     progress.close()
     written = write_result(result, args, out, report_path, verify)
     if args.engine:
-        from ..prepare import read_data
-        from .build import build_and_check
         loaded = io.load(written[0])
         loaded.fixed_inputs = tuple(config.fixed)    # the written model lacks them
         data = read_data(loaded, args.calib, config) if args.calib and args.calib != "random" else None

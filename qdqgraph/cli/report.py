@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 
-from ..graph import outputs
+from ..graph import outputs, io
 from . import args as a
+from ..placement import load_ruleset
+from ..trtsim import lint, read_engine_report, simulate
+from .build import comparison
 
 EXAMPLES = """examples:
   qdqgraph report model.qdq.onnx                          # layers, precisions, reformats, findings
@@ -36,9 +39,6 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from ..graph import io
-    from ..placement import load_ruleset
-    from ..trtsim import lint, read_engine_report, simulate
     io.require_model_file(args.model)
     plan = outputs.Plan(args.force, inputs=[args.model, args.against])
     json_path = plan.output(args.json, "--json")
@@ -53,7 +53,6 @@ def run(args) -> int:
         print(d)
     against = None
     if engine is not None:
-        from .build import comparison
         text, against = comparison(sim, engine)
         print(text)
     if json_path:

@@ -1,8 +1,9 @@
 """`qdqgraph strip`: remove Q/DQ (back to float, weights dequantized)."""
 from __future__ import annotations
 
-from ..graph import outputs
+from ..graph import outputs, io
 from . import args as a
+from ..fix.facts import strip_to_float
 
 EXAMPLES = """examples:
   qdqgraph strip model.qdq.onnx -o back_to_float.onnx
@@ -24,8 +25,6 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from ..graph import io
-    from ..fix.facts import strip_to_float
     io.require_model_file(args.model)
     out = outputs.Plan(args.force, inputs=[args.model]).output(args.output, "output model")
     assert out is not None                          # -o/--output is required

@@ -37,6 +37,8 @@ from ..graph import io
 from ..errors import QdqError
 from .progress import step
 from .runtime import custom_op_libraries, register_custom_ops
+import socket
+from ..calib.collect import cores
 
 LOCAL = "local"                    # --ray without an address: a Ray of our own on this machine
 INSTALL = "pip install 'qdqgraph[ray]'"
@@ -104,7 +106,6 @@ def _start(ray, address: str | None, cpus: int | None) -> None:
     local = address in (None, LOCAL)
     try:
         if local:
-            from ..calib.collect import cores
             # a Ray started for one run reports no usage statistics unless the user asked for them
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(address=LOCAL, num_cpus=cpus or cores(), include_dashboard=False, **quiet)
@@ -129,7 +130,6 @@ def _check_reachable(address: str) -> None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return                           # "auto" and the like: Ray resolves them, and fails fast
-    import socket
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
     except OSError as e:

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph import io
-from ..samples.data import CalibrationData, require_numeric
+from ..samples.data import CalibrationData, require_numeric, read_arrays
 from ..errors import QdqError
 from ..ops import DEQUANTIZE, QUANTIZE
 from ..prepare import model_inputs
@@ -152,7 +152,6 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
             progress=None) -> Comparison:
     """Run both models over `data` (or `calib`, read like calibration data) and compare.
     `progress`: see qdqgraph.execution.progress."""
-    from ..samples.data import read_arrays
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
     check_same_inputs(f_loaded, q_loaded, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
     if data is None:

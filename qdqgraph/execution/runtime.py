@@ -5,11 +5,10 @@ import os
 import tempfile
 from pathlib import Path
 
-import onnx
-
-from ..graph import io
+from ..graph import io, proto
 from ..errors import QdqError
 from .profile import step
+import onnxruntime as ort
 
 # Shared libraries of custom ops (onnxruntime's register_custom_ops_library), from
 # --custom-op-library; models with custom-domain ops run in onnxruntime only with them.
@@ -27,7 +26,6 @@ def register_custom_ops(path: str) -> None:
         raise QdqError(f"custom op library {p} is not a file", "pass the path of the shared library (.so)")
     if str(p) in _custom_op_libraries:
         return
-    import onnxruntime as ort
     try:
         ort.SessionOptions().register_custom_ops_library(str(p))
     except Exception as e:  # onnxruntime raises its own Fail (dlopen or RegisterCustomOps failed)
@@ -82,7 +80,6 @@ def _options(spin: bool = True, threads: int = 0):
     still spin within a run: turning spinning off altogether made each run of a small model wait
     on thread wake-ups, EfficientNet-B0's calibration loop 6.4 s -> 8.3 s for 512 samples.)
     `threads`: onnxruntime's intra-op threads per run (0: its default, one per core)."""
-    import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.intra_op_num_threads = threads
@@ -93,7 +90,7 @@ def _options(spin: bool = True, threads: int = 0):
     return opts
 
 
-def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
+def session(model: proto.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
             weights: dict | None = None, opts=None, threads: int = 0):
     """A session over `model`; `weights` (name -> array) supply the initializers `model` holds only
     as stubs (`io.to_model_and_weights`); without them, large initializers are split off here.
@@ -103,9 +100,8 @@ def session(model: onnx.ModelProto, providers: list[str] | None = None, purpose:
         return _session(model, providers, purpose, weights, opts, threads)
 
 
-def _session(model: onnx.ModelProto, providers: list[str] | None, purpose: str, weights: dict | None, opts,
+def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str, weights: dict | None, opts,
              threads: int):
-    import onnxruntime as ort
     try:
         opts = opts or _options(threads=threads)
         providers = providers or ["CPUExecutionProvider"]
@@ -147,7 +143,6 @@ FP8_REFUSED = "Type 'tensor(float8"
 def _inference_session(source, opts, providers: list[str]):
     """onnxruntime.InferenceSession with qdqgraph's disabled rewrites, at the basic optimization
     level where this onnxruntime refuses an FP8 graph at a higher one (FP8_REFUSED)."""
-    import onnxruntime as ort
     try:
         return ort.InferenceSession(source, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
     except Exception as e:
@@ -212,26 +207,25 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
         opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         try:
             first = session(model, providers, purpose, weights=weights, opts=opts)
-            optimized = onnx.load(opts.optimized_model_filepath, load_external_data=False)
+            optimized = proto.load_bare(opts.optimized_model_filepath)
         except Exception:                # the plain session says what is wrong if it also fails
             return plain(), same
         found = _drop_reorders(optimized, set(outputs))
         if not found.channels:
             return first, same
         del first
-        import onnxruntime as ort
         opts = _options(spin=False, threads=threads)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
             path = os.path.join(d, "unordered.onnx")
-            onnx.save(optimized, path)
+            proto.save_bare(optimized, path)
             with step("onnxruntime session"):
                 return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]), found
         except Exception:
             return plain(), same
 
 
-def _drop_reorders(model: onnx.ModelProto, outputs: set[str]) -> BlockedOutputs:
+def _drop_reorders(model: proto.ModelProto, outputs: set[str]) -> BlockedOutputs:
     """Remove the ReorderOutput nodes that only convert a requested graph output back from a blocked
     layout without padding, and output their blocked input instead (in place)."""
     g = model.graph
@@ -245,7 +239,7 @@ def _drop_reorders(model: onnx.ModelProto, outputs: set[str]) -> BlockedOutputs:
         n = producer.get(name)
         if n is None or n.domain != _NCHWC or n.op_type != _REORDER_OUTPUT or name in used:
             continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        attrs = {a.name: proto.attribute_value(a) for a in n.attribute}
         c, src = attrs.get("channels", 0), n.input[0]
         if attrs.get("channels_last", 0) or c <= 0 or c % NCHWC_LARGEST_BLOCK or src in outs or src in channels:
             continue
@@ -256,19 +250,17 @@ def _drop_reorders(model: onnx.ModelProto, outputs: set[str]) -> BlockedOutputs:
         kept = []
         for n in g.node:
             if not (n.op_type == _REORDER_OUTPUT and n.output and n.output[0] in gone):
-                c = onnx.NodeProto()
-                c.CopyFrom(n)
-                kept.append(c)
+                kept.append(proto.copy_node(n))
         del g.node[:]
         g.node.extend(kept)
     for o in g.output:
         if o.name in fetch and fetch[o.name] != o.name:
             new = fetch[o.name]
-            o.CopyFrom(onnx.helper.make_tensor_value_info(new, onnx.TensorProto.FLOAT, None))
+            o.CopyFrom(proto.value_info(new, proto.FLOAT))
     return BlockedOutputs(fetch, channels)
 
 
-def _inputs_read(g: onnx.GraphProto) -> set[str]:
+def _inputs_read(g: proto.GraphProto) -> set[str]:
     """Every tensor name a node of `g` or of any subgraph reads."""
     return {i for graph in (g, *io.subgraphs(g)) for n in graph.node for i in n.input}
 
@@ -291,6 +283,5 @@ def deployment_session(model, providers: list[str] | None = None, options=None):
     level where this onnxruntime refuses FP8 above it. `model`: a path or a ModelProto; `options`:
     onnxruntime.SessionOptions of the caller's (custom-op libraries registered, threads); `providers`:
     onnxruntime's names (default: CPU). Exported as `qdqgraph.session`."""
-    import onnxruntime as ort
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    source = model.SerializeToString() if isinstance(model, proto.ModelProto) else str(model)
     return _inference_session(source, options or ort.SessionOptions(), providers or ["CPUExecutionProvider"])

@@ -18,10 +18,9 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
+from ..graph import proto, io
 from .. import api_checks
-from ..graph import io
 from ..calib.calibration import calibrate_plan
 from ..config import QuantizeConfig, config_from
 from ..errors import InvariantError, QdqError
@@ -35,8 +34,7 @@ from ..prepare import is_real, read_data
 from ..execution.runtime import register_custom_ops
 from ..trtsim import lint, simulate
 from ..graph.view import GraphView
-from . import facts as fact_reader
-from . import planning
+from . import facts as fact_reader, planning
 from .report import FixReport
 from .scales import Move, as_dtype, choose
 
@@ -47,7 +45,7 @@ FIX_HIGH_PRECISIONS = ("keep",) + tuple(HIGH_PRECISIONS)
 
 @dataclass
 class FixResult:
-    model: onnx.ModelProto
+    model: proto.ModelProto
     plan: Plan
     report: FixReport
     config: QuantizeConfig
@@ -132,7 +130,7 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
     if choice.unchanged and high_precision == "keep":
         report.unchanged = True
         report.tensorrt_after, report.lint_after = report.tensorrt_before, list(report.lint_before)
-        original = model if isinstance(model, onnx.ModelProto) else io.read_model(model)
+        original = model if proto.is_model(model) else io.read_model(model)
         return FixResult(original, plan, report, cfg)
     with report.stage("insert"):
         inserted = insert_qdq(loaded.graph, plan, {}, weights="qdq" if facts.qdq_weights else "int8",
@@ -179,7 +177,7 @@ def _types(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, high_precis
             model = io.to_model(loaded, provenance, tidy=False)
             try:
                 io.check(model)
-            except onnx.checker.ValidationError as e:
+            except proto.CHECK_ERRORS as e:
                 raise InvariantError(f"the fixed model fails the ONNX checker: {str(e).splitlines()[0]}") from e
         return model, loaded
     return _deploy(loaded, provenance, cfg.with_(high_precision=high_precision), data, report)

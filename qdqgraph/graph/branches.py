@@ -27,10 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
-from . import io
+from . import io, proto
 from ..config import QuantizeConfig
 from ..samples.data import CalibrationData
 from ..errors import QdqError
@@ -72,7 +71,7 @@ def outer_reads(body: gs.Graph) -> list[gs.Variable]:
 
 
 def _onnx_type(t: gs.Tensor) -> int:
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype))
+    return proto.tensor_dtype(t.dtype)
 
 
 def outer_values(loaded: io.Loaded, ifs: list[gs.Node], data: CalibrationData,
@@ -89,7 +88,7 @@ def outer_values(loaded: io.Loaded, ifs: list[gs.Node], data: CalibrationData,
     present = {o.name for o in model.graph.output}
     for name, t in wanted.items():
         if name not in present:
-            model.graph.output.append(onnx.helper.make_tensor_value_info(name, _onnx_type(t), None))
+            model.graph.output.append(proto.value_info(name, t.dtype))
     sess = session(model, providers, "If-branch calibration", weights=weights)
     names = list(wanted)
     conds: dict[str, list[bool]] = {n.name: [] for n in ifs}
@@ -105,7 +104,7 @@ def outer_values(loaded: io.Loaded, ifs: list[gs.Node], data: CalibrationData,
     return conds, values
 
 
-def standalone(loaded: io.Loaded, body: gs.Graph, reads: list[gs.Variable]) -> onnx.ModelProto:
+def standalone(loaded: io.Loaded, body: gs.Graph, reads: list[gs.Variable]) -> proto.ModelProto:
     """`body` as a model of its own: the outer variables it reads are its inputs, the outer
     constants it reads its initializers (the caller's graph is not modified)."""
     g = gs.Graph(nodes=list(body.nodes), inputs=list(reads), outputs=list(body.outputs), name=body.name,
@@ -123,7 +122,7 @@ def _names(graphs) -> tuple[set[str], set[str]]:
     return tensors, nodes
 
 
-def merge(quantized: onnx.ModelProto, graph: gs.Graph, node: gs.Node, key: str) -> gs.Graph:
+def merge(quantized: proto.ModelProto, graph: gs.Graph, node: gs.Node, key: str) -> gs.Graph:
     """The quantized stand-alone body as branch `key` of If `node` in `graph`: it reads its inputs
     from the outer scope again (the outer tensors themselves, and the outer constants it kept as
     they were), and every name it adds that the model already uses elsewhere gets the prefix
@@ -165,7 +164,7 @@ def _same(a: gs.Constant, b: gs.Constant) -> bool:
     return va.dtype == vb.dtype and va.shape == vb.shape and np.array_equal(va, vb)
 
 
-def _counts(model: onnx.ModelProto) -> tuple[int, int]:
+def _counts(model: proto.ModelProto) -> tuple[int, int]:
     """(activation QuantizeLinear nodes, weight DequantizeLinear nodes) of a quantized body."""
     vocab = vocabulary()
     inits = {t.name for t in model.graph.initializer}

@@ -23,6 +23,8 @@ from . import outputs
 from ..errors import QdqError
 from ..precisions.formats import FOUR_BIT_TYPES
 from ..ops import CONSTANT
+from onnx.external_data_helper import load_external_data_for_model, _get_all_tensors
+from onnx import version_converter
 
 # A protobuf cannot exceed 2 GiB; above this many bytes of tensors a model is written with its
 # tensors in a side file. A module constant so that tests can lower it.
@@ -91,7 +93,6 @@ def tensor_bytes(model: onnx.ModelProto) -> int:
 def _write_external(model: onnx.ModelProto, path: Path, location: str) -> None:
     """Save with tensors in `location` beside `path`, and leave `model` as it was (onnx moves the
     tensors out of the in-memory model when it saves them externally; they are read back)."""
-    from onnx.external_data_helper import load_external_data_for_model
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
               location=location, size_threshold=1024)
     load_external_data_for_model(model, str(Path(path).parent))
@@ -149,7 +150,6 @@ def raise_opset(model: onnx.ModelProto, minimum: int = MIN_OPSET,
     old = opset_of(model)
     if old >= minimum:
         return model, None
-    from onnx import version_converter
     try:
         if tensor_bytes(model) < EXTERNAL_DATA_THRESHOLD:
             converted = version_converter.convert_version(model, minimum)
@@ -167,7 +167,6 @@ def _convert_large(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     serialize proto"): it converts a copy whose large initializers (of any type: INT8 weights of a
     large model are large too) are typed graph inputs, the nodes needing their types and not their
     values; the initializers are then put back as they were."""
-    from onnx import version_converter
     light = _without_initializers(model)
     declared = {i.name for i in light.graph.input}
     moved = set()
@@ -640,7 +639,6 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
 
 
 def _external_tensors(model: onnx.ModelProto):
-    from onnx.external_data_helper import _get_all_tensors
     for t in _get_all_tensors(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
             yield t

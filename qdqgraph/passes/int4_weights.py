@@ -49,10 +49,9 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph import io
+from ..graph import io, proto
 from ..calib.methods import safe_scales
 from ..samples.data import CalibrationData
 from ..errors import QdqError
@@ -384,7 +383,7 @@ def _int4_constant(name: str, q: np.ndarray) -> gs.Constant:
     """A constant exported as a packed TensorProto.INT4. onnx_graphsurgeon 0.6.1 writes an
     ml_dtypes.int4 array one value per byte, which onnx rejects; the TensorProto made by
     onnx.numpy_helper packs it, and graphsurgeon exports a lazy value's TensorProto as it is."""
-    return gs.Constant(name, gs.ir.tensor.LazyValues(onnx.numpy_helper.from_array(q.astype(ml_dtypes.int4), name)))
+    return gs.Constant(name, gs.ir.tensor.LazyValues(proto.tensor(q.astype(ml_dtypes.int4), name)))
 
 
 def _int4_bytes(count: int) -> int:

@@ -32,10 +32,9 @@ from functools import lru_cache
 
 import ml_dtypes
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
-from ..graph import io
+from ..graph import io, proto
 from ..errors import QdqError
 from ..ops import CAST, vocabulary
 from ..rulebook.files import bundled, read_toml
@@ -90,10 +89,7 @@ class _Tally:
 
 
 def _schema(node: gs.Node, opset: int):
-    try:
-        return onnx.defs.get_schema(node.op, opset, node.domain or "")
-    except onnx.defs.SchemaError:
-        return None
+    return proto.op_schema(node.op, opset, node.domain or "")
 
 
 def _allowed(schema, formal_index: int, outputs: bool, dtype: np.dtype) -> bool:
@@ -249,8 +245,8 @@ class _Retyper:
         for node in g.nodes:
             if node.name in self.keep or node.name in self.own:
                 continue
-            if self.vocab.is_(node, "cast") and node.attrs.get("to") == onnx.TensorProto.FLOAT:
-                node.attrs["to"] = onnx.helper.np_dtype_to_tensor_dtype(self.island)
+            if self.vocab.is_(node, "cast") and node.attrs.get("to") == proto.FLOAT:
+                node.attrs["to"] = proto.tensor_dtype(self.island)
             if self.vocab.is_(node, "constant") and isinstance(node.attrs.get("value"), gs.Constant):
                 value = node.attrs["value"]
                 if value.values.dtype == F32:
@@ -330,7 +326,7 @@ class _Retyper:
         if key not in self.casts:
             out = gs.Variable(f"{t.name}_{_short(to)}", dtype=to, shape=t.shape)
             node = gs.Node(CAST, name=self._fresh(f"{t.name}_to_{_short(to)}"),
-                           attrs={"to": onnx.helper.np_dtype_to_tensor_dtype(to)},
+                           attrs={"to": proto.tensor_dtype(to)},
                            inputs=[t], outputs=[out])
             self.graph.nodes.append(node)
             self.own.add(node.name)
@@ -353,7 +349,7 @@ class _Retyper:
         name = t.name
         t.name = f"{name}_{_short(self.island)}"
         out = gs.Variable(name, dtype=F32, shape=t.shape)
-        self.graph.nodes.append(gs.Node(CAST, name=self._fresh(f"{name}_to_fp32"), attrs={"to": onnx.TensorProto.FLOAT},
+        self.graph.nodes.append(gs.Node(CAST, name=self._fresh(f"{name}_to_fp32"), attrs={"to": proto.FLOAT},
                                         inputs=[t], outputs=[out]))
         self.result.casts += 1
         return out

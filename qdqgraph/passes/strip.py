@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
+from ..graph import proto
 from .. import api_checks
 from ..ops import CAST, DEQUANTIZE, QUANTIZE
 from ..graph.view import GraphView
@@ -42,7 +42,7 @@ def _onnx_type(dtype) -> int | None:
         return None
     if isinstance(dtype, (int, np.integer)):
         return int(dtype)
-    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return proto.tensor_dtype(dtype)
 
 
 def _as_type(graph: gs.Graph, view, t: gs.Tensor, dtype, casts: dict) -> gs.Tensor:
@@ -53,7 +53,7 @@ def _as_type(graph: gs.Graph, view, t: gs.Tensor, dtype, casts: dict) -> gs.Tens
         return t
     key = (t.name, want)
     if key not in casts:
-        short = onnx.TensorProto.DataType.Name(want).lower()
+        short = proto.dtype_name(want).lower()
         out = gs.Variable(f"{t.name}_as_{short}", dtype=dtype, shape=t.shape)
         graph.nodes.append(gs.Node(CAST, name=f"{t.name}_cast_{short}", inputs=[t], outputs=[out],
                                    attrs={"to": want}))

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import onnx
-
+from ..graph import proto
 from ..ops import Vocabulary, vocabulary
 from ..rulebook.files import bundled
 from ..rulebook.loader import Table, TableSpec, check_value, load_tables
@@ -88,9 +87,8 @@ def max_inputs(vocab: Vocabulary, cls: str) -> int | None:
     """The most inputs any op of class `cls` takes, by the ONNX schemas (None if unknown)."""
     best = None
     for op in vocab.ops_of(cls):
-        try:
-            n = onnx.defs.get_schema(op).max_input
-        except onnx.defs.SchemaError:
+        n = proto.max_inputs(op)
+        if n is None:
             return None
         best = n if best is None else max(best, n)
     return best

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+from ..calib.methods import safe_scales
 
 PRECISIONS = ("int8", "fp8", "int4")
 DEFAULT_PRECISION = "int8"
@@ -42,7 +43,6 @@ class Format:
 
     def scale_of(self, amax):
         """float32 scale(s) for amax value(s), always finite and > 0 (TRT_RULES C3)."""
-        from ..calib.methods import safe_scales
         return safe_scales(np.asarray(amax, dtype=np.float64), self.qmax)
 
     def quantize(self, x: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 
+from ..graph import proto, io
 from ..execution import distributed
-from ..graph import io
 from ..samples.data import CalibrationData
 from ..execution.runtime import graph_session, session
 from ..ops import DEQUANTIZE, IDENTITY, IF, QUANTIZE
@@ -154,7 +153,7 @@ class _Switch:
     """One session over the switchable model and the batches it runs: `outputs(on)` runs every
     batch with the units `on` in INT8 and the others float, and returns the float outputs."""
 
-    def __init__(self, model: onnx.ModelProto, weights: dict, flags: dict[str, str], outs: list[str],
+    def __init__(self, model: proto.ModelProto, weights: dict, flags: dict[str, str], outs: list[str],
                  batches: list[dict], threads: int = 0):
         self.sess = session(model, purpose="sensitivity", weights=weights, threads=threads)
         self.flags, self.outs, self.batches = flags, outs, batches
@@ -186,7 +185,7 @@ def _unit_part(model, weights, flags, outs, batches, ref, units, part, progress=
     return _unit_sqnrs(switch, ref, units, part, progress), switch.runs
 
 
-def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: CalibrationData, samples: int = 8,
+def measure(quant_model: proto.ModelProto | io.Loaded, plan: Plan, data: CalibrationData, samples: int = 8,
             stop_above_db: float | None = None, progress=None, only: set[str] | None = None,
             reference: io.Loaded | None = None, ray: str | None = None) -> tuple:
     """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float.
@@ -247,7 +246,7 @@ def measure(quant_model: onnx.ModelProto | io.Loaded, plan: Plan, data: Calibrat
     return report, sqnr_with_float
 
 
-def output_sqnr(model: onnx.ModelProto, sens: Sensitivity) -> float:
+def output_sqnr(model: proto.ModelProto, sens: Sensitivity) -> float:
     """The output SQNR of `model` (a quantized model as written: float islands and all) against
     float, on the batches and float outputs `sens` was measured on: the figure the sweep's estimate
     stands for."""

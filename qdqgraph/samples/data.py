@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import QdqError
 from ..graph.outputs import require_regular
+from .images import image_files, parse_preprocess, read_image_folder
 
 META_KEYS = ("__meta__",)
 # said once for --calib random (the pipeline's report says the same words: the CLI says them once)
@@ -122,7 +123,6 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
     Arrays named in `ignore` (inputs fixed to constants) are dropped."""
     if preprocess is not None or (isinstance(source, (str, Path)) and Path(source).is_dir() and
                                   _has_images(Path(source))):
-        from .images import parse_preprocess, read_image_folder
         if preprocess is None:
             raise QdqError(f"{source} holds images but no --preprocess was given",
                            'pass e.g. --preprocess "resize=256,crop=224,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"')
@@ -202,7 +202,6 @@ class FileChunk(Mapping):
 
 
 def _has_images(folder: Path) -> bool:
-    from .images import image_files
     return bool(image_files(folder))
 
 

@@ -20,6 +20,7 @@ import onnx_graphsurgeon as gs
 from ..ops import Vocabulary, vocabulary
 from ..graph.view import GraphView, is_float_dtype, subgraph_reads
 from .branches import through_branches
+import heapq
 
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
 
@@ -321,7 +322,6 @@ class SimGraph:
         """Topological order, ties broken by natural node-name order (independent of input order)."""
         if self._order is not None:
             return self._order
-        import heapq
         indeg: dict[str, int] = {}
         succ: dict[str, list[str]] = {}
         for n in self.nodes.values():

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..rulebook.match import Context
 from .conditions import evaluate
+from .export import to_onnx
 
 if TYPE_CHECKING:
     from .ir import SimGraph
@@ -155,5 +156,4 @@ class SimReport:
         return "\n".join(lines)
 
     def to_onnx(self):
-        from .export import to_onnx
         return to_onnx(self)

@@ -15,6 +15,7 @@ from .propagate import eliminate_no_ops, fold_weights, pair_up, propagate
 from .report import Layer, Port, SimReport
 from .rules import SimRuleSet, load_sim_rules
 from .trace import Trace
+from ..graph import io
 
 
 def as_graph(model) -> gs.Graph:
@@ -23,7 +24,6 @@ def as_graph(model) -> gs.Graph:
         return model
     if hasattr(model, "graph") and isinstance(model.graph, gs.Graph):
         return model.graph
-    from ..graph import io
     return io.load(model).graph
 
 
