@@ -17,20 +17,18 @@ from .graph import proto
 from .calib.methods import METHODS
 from .errors import QdqError
 from .precisions.formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
+from .precisions.registry import precision, precisions
 from .passes.insert import WEIGHT_FORMATS
 from .passes.precision import HIGH_PRECISIONS
 from .trtsim.estimate import gpu as known_gpu
 from .trtsim.rules import TARGETS
 from .placement.plan import Selection
 
-# The calibration method and percentile: the best across the model zoo (docs/ACCURACY.md).
-# Percentile 99.99 keeps every zoo model within a point of float and rescues the layout detector
-# that max calibration breaks; TensorRT's entropy method clips post-ReLU tensors of small CNNs.
-DEFAULT_METHOD = "percentile"
+# The calibration method of each precision (rules/precisions.toml, with why) and the percentile:
+# the best across the model zoo (docs/ACCURACY.md).
+DEFAULT_METHODS = {p.name: p.method for p in precisions().values()}
+DEFAULT_METHOD = DEFAULT_METHODS[DEFAULT_PRECISION]
 DEFAULT_PERCENTILE = 99.99
-# FP8's exponent keeps small values precise however large amax is, so clipping buys little and
-# costs the outliers: max calibration, the best on the zoo in FP8 (docs/ACCURACY.md, FP8 section).
-DEFAULT_METHODS = {"int8": DEFAULT_METHOD, "fp8": "max", "int4": "max"}
 DEFAULT_BLOCK_SIZE = 128       # INT4 weights: elements per scale along the reduction axis
 INT4_METHODS = ("rtn", "awq")
 DEFAULT_SMOOTH_ALPHA = 0.5
@@ -196,7 +194,7 @@ class QuantizeConfig:
         if self.require_int8 is not None:
             _number("--require-int8", self.require_int8, 0.0, 100.0,
                     fix="pass a percentage of the weighted FLOPs in [0, 100], e.g. --require-int8 50")
-            if self.precision == "int4":
+            if precision(self.precision).weights_only:
                 raise QdqError("--require-int8 checks the share of FLOPs run on quantized activations, and "
                                "--precision int4 quantizes weights only", "drop --require-int8, or use --precision int8 or fp8")
         if self.accuracy_budget is not None:

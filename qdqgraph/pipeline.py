@@ -27,6 +27,7 @@ from .config import QuantizeConfig, config_from
 from .samples.data import CalibrationData
 from .errors import InvariantError, QdqError
 from .precisions.formats import label
+from .precisions.registry import precision
 from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
@@ -96,7 +97,7 @@ def fewer_collections():
 
 
 def _require_data(cfg: QuantizeConfig, calib, calib_cache) -> None:
-    if cfg.precision == "int4":
+    if precision(cfg.precision).weights_only:
         _require_int4_data(cfg, calib)
         return
     if calib is None and calib_cache is None:
@@ -144,7 +145,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             report.warnings.append("calibrated on random data: the scales say nothing about accuracy")
     with report.stage("clean"):
         report.add(clean(loaded))
-    if cfg.precision == "int4":
+    if precision(cfg.precision).weights_only:
         return _quantize_int4(loaded, data if is_real(calib) else None, cfg, report)
     with report.stage("plan"):
         plan = plan_for(loaded, cfg)

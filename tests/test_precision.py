@@ -299,3 +299,20 @@ def test_range_run_fetches_a_dq_output_only_when_it_can_reach_the_limit():
     big_scale = 2 * RANGE_LIMIT / 127
     assert ranges["big_dq"] == pytest.approx(128 * big_scale, rel=1e-5)     # -3e4 saturates at -128
     assert ranges["big_dq"] >= RANGE_LIMIT
+
+
+def test_every_precision_has_a_record_and_a_format_or_is_weight_only():
+    """rules/precisions.toml is the one list of precisions: the CLI's choices, the default methods,
+    the opsets and the placement files all come from it."""
+    from qdqgraph.config import DEFAULT_METHODS
+    from qdqgraph.precisions.formats import OPSETS, PRECISIONS, activation_format, label
+    from qdqgraph.precisions.registry import precision, precisions
+    from qdqgraph.rulebook.files import bundled
+    assert tuple(precisions()) == PRECISIONS and PRECISIONS[0] == "int8"
+    for name, rec in precisions().items():
+        assert DEFAULT_METHODS[name] == rec.method and OPSETS[name][0] == rec.opset and label(name) == rec.label
+        assert rec.weights_only == (activation_format(name) is None), name
+        assert not rec.placement or bundled(rec.placement).is_file(), rec.placement
+    assert label(None) == "INT8"
+    with pytest.raises(qdqgraph.QdqError, match="unknown precision 'nvfp4'"):
+        precision("nvfp4")

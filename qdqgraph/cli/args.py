@@ -13,6 +13,7 @@ from ..config import (ATTENTION_MAX_LOSS_DB, ATTENTION_MODES, DEFAULT_BLOCK_SIZE
                       QuantizeConfig)
 from ..execution.distributed import LOCAL as RAY_LOCAL
 from ..precisions.formats import PRECISIONS
+from ..precisions.registry import precision
 from ..errors import QdqError
 from ..passes.insert import WEIGHT_FORMATS
 from ..passes.precision import HIGH_PRECISIONS
@@ -51,7 +52,7 @@ def add_calibration(p, data_help: str = "calibration data: .npz (one array per i
     g.add_argument("--calib", metavar="DATA", help=data_help)
     g.add_argument("--method", default=None, choices=list(METHODS),
                    help="how each tensor's range is chosen (default: " +
-                        ", ".join(f"{m} for {p}" for p, m in DEFAULT_METHODS.items() if p != "int4") +
+                        ", ".join(f"{m} for {p}" for p, m in DEFAULT_METHODS.items() if not precision(p).weights_only) +
                         ", the best on the model zoo; docs/CALIBRATION.md)")
     g.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE,
                    help="for --method percentile: the percentile of |x| kept, in (0, 100]")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from ..graph import outputs, io
 from ..errors import QdqError
+from ..precisions.registry import precision
 from . import args as a
 from .messages import warn_all
 from .progress import bars, run_with_bars
@@ -112,7 +113,7 @@ def run(args) -> int:
     a.at_least(args.verify, "--verify", 0)
     a.at_least(args.max_batch, "--max-batch", 1)
     a.at_least(args.workspace, "--workspace", 1)
-    if args.calib is None and args.calib_cache is None and config.precision != "int4":   # int4: quantize() decides
+    if args.calib is None and args.calib_cache is None and not precision(config.precision).weights_only:   # quantize() decides
         raise QdqError("no calibration data given",
                        "pass --calib DATA.npz, --calib-cache FILE, or --calib random (scales then mean nothing)")
     io.require_model_file(args.model)

@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..graph import proto
+from ..precisions.registry import precision as precision_record
 from ..ops import Vocabulary, vocabulary
 from ..rulebook.files import bundled
 from ..rulebook.loader import Table, TableSpec, check_value, load_tables
@@ -163,7 +164,6 @@ def _region(t: Table) -> RegionRule:
     return RegionRule(t.id, t.doc, t.ref, t.source, float(share))
 
 
-PRECISION_FILES = {"fp8": "fp8.toml", "int4": "int4.toml"}     # where a precision's placement differs from INT8's
 TARGET_FILES = {"tensorrt-rtx": "placement_tensorrt_rtx.toml"}  # where a compiler's placement differs
 
 
@@ -173,7 +173,8 @@ def load_ruleset(extra: list[str | Path] | tuple = (), precision: str = "int8", 
     (rules/placement_tensorrt_rtx.toml) are read between the two, as a user's file would be: their
     tables replace the placement tables of the same id."""
     vocab = vocabulary()
-    layer = [bundled(PRECISION_FILES[precision])] if precision in PRECISION_FILES else []
+    own = precision_record(precision).placement            # where a precision's placement differs from INT8's
+    layer = [bundled(own)] if own else []
     layer += [bundled(TARGET_FILES[target])] if target in TARGET_FILES else []
     tables = load_tables([Path(p) for p in extra] + layer + [bundled("placement.toml")], SPECS, bundled=1)
     rules = [_rule(t, vocab) for t in tables if t.kind != "region"]

@@ -19,17 +19,17 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 from ..calib.methods import safe_scales
+from .registry import precision as _record, precisions as _records
 
-PRECISIONS = ("int8", "fp8", "int4")
-DEFAULT_PRECISION = "int8"
+PRECISIONS = tuple(_records())
+DEFAULT_PRECISION = PRECISIONS[0]
 # the opset each precision's Q/DQ need (TRT_RULES C1), and why, for the messages
-OPSETS = {"int8": (13, "per-channel Q/DQ"), "fp8": (19, "FP8 Q/DQ (float8e4m3fn)"),
-          "int4": (21, "INT4 block-quantized weights")}
+OPSETS = {p.name: (p.opset, p.opset_why) for p in _records().values()}
 
 
 def label(precision: str | None) -> str:
     """How reports name the quantized layers of a run: INT8, FP8 (INT4 weights: INT4)."""
-    return (precision or DEFAULT_PRECISION).upper()
+    return _record(precision).label
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ class Format:
         return self.quantize(x, scale).astype(np.float32) * scale
 
 
-INT8 = Format("int8", 127.0, np.dtype(np.int8), OPSETS["int8"][0])
-FP8 = Format("fp8", 448.0, np.dtype(ml_dtypes.float8_e4m3fn), OPSETS["fp8"][0])
+INT8 = Format("int8", 127.0, np.dtype(np.int8), _record("int8").opset)
+FP8 = Format("fp8", 448.0, np.dtype(ml_dtypes.float8_e4m3fn), _record("fp8").opset)
 ACTIVATION_FORMATS = {"int8": INT8, "fp8": FP8}
 
 
