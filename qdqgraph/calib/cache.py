@@ -32,7 +32,7 @@ import struct
 
 import numpy as np
 
-from .methods import INT8_MAX, safe_scale
+from ..precisions.scales import INT8_MAX, safe_scale
 
 from ..graph import io
 from ..version import __version__

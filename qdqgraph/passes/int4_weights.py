@@ -52,7 +52,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph import io, proto
-from ..calib.methods import safe_scales
+from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..errors import QdqError
 from ..ops import DEQUANTIZE

@@ -32,7 +32,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph import io
-from ..calib.methods import safe_scales
+from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..ops import MUL
 from ..placement.plan import Plan

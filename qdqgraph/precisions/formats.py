@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
-from ..calib.methods import safe_scales
+from .scales import safe_scales
 from .registry import precision as _record, precisions as _records
 
 PRECISIONS = tuple(_records())
