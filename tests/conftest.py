@@ -10,6 +10,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 GOLDEN = HERE / "golden"
+# every pass run by any test checks what it declares it requires and ensures (qdqgraph.passes.registry)
+os.environ.setdefault("QDQGRAPH_CHECK_PASSES", "1")
 
 
 def pytest_configure(config):

@@ -261,3 +261,60 @@ def test_bias_correction_removes_the_mean_shift_of_int8_weights():
     assert mean_shift(corrected.model) < 0.5 * mean_shift(plain.model)
     with pytest.raises(QdqError, match="bias correction needs calibration data"):
         qdqgraph.quantize(m, "random", bias_correction=True)
+
+
+# ------------------------------------------------------------------ declared conditions (passes/registry.py)
+
+def _motif_graphs():
+    import motifs
+    from qdqgraph.graph import io
+    for build in (motifs.conv_bn_relu, motifs.residual_add, motifs.se_block, motifs.attention_block,
+                  motifs.layernorm_decomposed, motifs.paddle_constants, motifs.convtranspose, motifs.gemm_transB):
+        yield build.__name__, io.load(build()).graph
+
+
+def test_every_pass_of_the_pipeline_is_declared():
+    from qdqgraph.passes.registry import PASSES
+    assert {"remove_no_ops", "fold_constants", "fold_batchnorm", "strip_qdq", "insert_qdq", "bias_to_add",
+            "fold_scalar_scales", "fix_inputs", "inline_constant_ifs", "float_islands", "smooth",
+            "bias_correction", "output_aware"} <= set(PASSES)
+
+
+def test_declared_fixpoint_passes_change_nothing_the_second_time():
+    """A pass declared a fixpoint leaves a graph it does not change again: run twice on each motif
+    (and on insert's output), the second run reports changed=False and leaves the same graph."""
+    import importlib
+    from qdqgraph.passes.registry import PASSES
+    for info in PASSES.values():
+        if not (info.fixpoint and info.graph_only):
+            continue
+        module, _, name = info.function.rpartition(".")
+        fn = getattr(importlib.import_module(module), name)
+        for motif, graph in _motif_graphs():
+            fn(graph)
+            before = [(n.op, n.name, [t.name for t in n.inputs]) for n in graph.nodes]
+            again = fn(graph)
+            assert not again.changed, (info.name, motif, again.counts)
+            assert [(n.op, n.name, [t.name for t in n.inputs]) for n in graph.nodes] == before, (info.name, motif)
+
+
+def test_a_pass_that_breaks_what_it_ensures_is_an_invariant_error(monkeypatch):
+    from qdqgraph.errors import InvariantError
+    from qdqgraph.passes.base import result
+    from qdqgraph.passes.registry import NO_QDQ, declare
+    import motifs
+    from qdqgraph.graph import io
+    from qdqgraph.passes.insert import insert_qdq
+    from qdqgraph.placement import plan_placement
+
+    @declare("leaves_qdq", ensures=(NO_QDQ,))
+    def leaves_qdq(graph):
+        return result("leaves_qdq", False)
+
+    loaded = io.load(motifs.conv_relu())
+    plan = plan_placement(loaded.graph)
+    insert_qdq(loaded.graph, plan, {s.group or s.tensor: 1.0 for s in plan.sites.values()})
+    with pytest.raises(InvariantError, match="pass leaves_qdq .* did not ensure 'no QuantizeLinear/DequantizeLinear left'"):
+        leaves_qdq(loaded.graph)
+    monkeypatch.setenv("QDQGRAPH_CHECK_PASSES", "0")         # users' runs: not checked
+    leaves_qdq(loaded.graph)

@@ -7,18 +7,27 @@ from __future__ import annotations
 from functools import cached_property
 
 import numpy as np
+import ml_dtypes
 import onnx_graphsurgeon as gs
 
 from ..ops import CONSTANT, Vocabulary, vocabulary
 
 
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_BFLOAT16_CODE = 16          # TensorProto.BFLOAT16, where graphsurgeon keeps the code
+
+
 def is_float_dtype(dtype) -> bool:
+    """float16/32/64 and bfloat16 (BF16 islands compute in it); float8 is a quantized type, not float."""
     if dtype is None:
         return False
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        return int(dtype) == _BFLOAT16_CODE
     try:
-        return np.issubdtype(np.dtype(dtype), np.floating)
+        d = np.dtype(dtype)
     except TypeError:
-        return False  # onnx-only dtypes (bfloat16, float8) have no numpy dtype: not quantized here
+        return False  # other onnx-only dtypes have no numpy dtype
+    return d == _BFLOAT16 or np.issubdtype(d, np.floating)
 
 
 class GraphView:

@@ -10,6 +10,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
 from .base import PassResult, result
+from .registry import Condition, declare
 
 
 def _bn_params(view, bn):
@@ -62,6 +63,14 @@ def _fold_weights(view, op, w, b, scale, shift):
     return w, b * scale + shift
 
 
+def _unlisted(graph: gs.Graph, res: PassResult | None) -> list[str]:
+    kept = {name for name, _ in res["kept"]} if res is not None else set()
+    view = GraphView(graph)
+    return [n.name for n in graph.nodes if view.vocab.is_(n, "batchnorm") and n.name not in kept]
+
+
+@declare("fold_batchnorm", ensures=(Condition("every BatchNormalization left is one the result names as kept", _unlisted),),
+         fixpoint=True, graph_only=True)
 def fold_batchnorm(graph: gs.Graph) -> PassResult:
     """Fold every BatchNormalization that directly follows a Conv/ConvTranspose/Gemm whose output it
     alone uses. Modifies `graph`; details: `folded` (BN names), `kept` ([BN, why it stayed])."""

@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 from ..ops import ADD, vocabulary
 from ..graph.view import GraphView
 from .base import PassResult, result
+from .registry import declare
 
 
 def _dequantized(view: GraphView, t: gs.Tensor) -> bool:
@@ -23,6 +24,7 @@ def _dequantized(view: GraphView, t: gs.Tensor) -> bool:
     return p is not None and view.vocab.is_(p, "dequantize")
 
 
+@declare("bias_to_add", fixpoint=True, graph_only=True)
 def bias_to_add(graph: gs.Graph) -> PassResult:
     """Move each constant bias of a Conv/ConvTranspose/Gemm whose activation and weight inputs are
     dequantized into an Add after the op, in place."""

@@ -21,6 +21,7 @@ from ..execution.runtime import float_activations
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .insert import quantize_weight, weight_scales
+from .registry import declare
 
 
 def _targets(graph: gs.Graph, plan: Plan) -> list[tuple[gs.Node, Site]]:
@@ -58,6 +59,7 @@ def input_means(loaded: io.Loaded, plan: Plan, data: CalibrationData, samples: i
     return {k: v / max(seen, 1) for k, v in sums.items()}
 
 
+@declare("bias_correction")
 def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray]) -> PassResult:
     """Apply the correction in place; details: `corrected` (node names)."""
     view = GraphView(graph)

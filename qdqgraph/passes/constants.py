@@ -6,11 +6,13 @@ import onnx_graphsurgeon as gs
 
 from ..ops import CONSTANT, vocabulary
 from .base import PassResult, result
+from .registry import declare
 
 # Do not fold a subgraph whose result exceeds this (an Expand or Tile can blow up a model).
 FOLD_SIZE_LIMIT = 512 << 20
 
 
+@declare("fold_constants", fixpoint=True, graph_only=True)
 def fold_constants(graph: gs.Graph) -> PassResult:
     """Evaluate constant subgraphs (through onnxruntime, via onnx-graphsurgeon) and replace them by
     their values; Constant nodes become initializers. Modifies `graph`; details: `folded` (how many

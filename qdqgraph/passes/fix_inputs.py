@@ -23,6 +23,7 @@ import onnx_graphsurgeon as gs
 from ..errors import QdqError
 from ..ops import IDENTITY, vocabulary
 from .base import PassResult, result
+from .registry import Condition, declare
 
 
 def parse_fixed(spec: str) -> tuple[str, list]:
@@ -39,6 +40,8 @@ def parse_fixed(spec: str) -> tuple[str, list]:
     return name, values
 
 
+@declare("fix_inputs", ensures=(Condition("no fixed input is left a graph input", lambda g, r: [
+    i.name for i in g.inputs if r is not None and i.name in r["fixed"]]),))
 def fix_inputs(graph: gs.Graph, fixed: dict[str, object]) -> PassResult:
     """Replace the graph inputs named in `fixed` by constants of their declared dtype. The value
     takes a static input shape of as many elements; otherwise a scalar fixes a rank-0 input and a
@@ -93,6 +96,7 @@ def _condition(node: gs.Node):
     return bool(v.reshape(-1)[0]) if v.size == 1 else None
 
 
+@declare("inline_constant_ifs", fixpoint=True, graph_only=True)
 def inline_constant_ifs(graph: gs.Graph, choose: Callable[[gs.Node], bool] | None = None) -> PassResult:
     """Replace every If node of `graph` whose condition is a constant by the nodes of the branch it
     takes. Repeats until none is left (an inlined branch may hold Ifs of its own; their conditions

@@ -18,6 +18,7 @@ import onnx_graphsurgeon as gs
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .smooth import _k_axis
+from .registry import QDQ_SOUND, declare
 
 MAX_PATH = 8
 
@@ -116,6 +117,7 @@ def _feeds_gemms(view: GraphView, t: gs.Tensor, depth: int = 3) -> bool:
     return True
 
 
+@declare("fold_scalar_scales", ensures=(QDQ_SOUND,), fixpoint=True, graph_only=True)
 def fold_scalar_scales(graph: gs.Graph) -> PassResult:
     """Fold every Mul/Div by a constant scalar whose input a linear layer makes and whose output
     GEMMs read (see the module doc). Modifies `graph`; details: `folded` ([Mul, the layer it went

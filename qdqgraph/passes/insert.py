@@ -18,6 +18,7 @@ from ..ops import DEQUANTIZE, QUANTIZE
 from ..placement.plan import Plan, Site
 from ..graph.view import GraphView
 from .base import PassResult, result
+from .registry import OPSET_13, QDQ_SOUND, declare
 
 WEIGHT_FORMATS = ("int8", "qdq")
 
@@ -131,6 +132,7 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
     return out
 
 
+@declare("insert_qdq", requires=(OPSET_13,), ensures=(QDQ_SOUND,))
 def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8",
                fmt: Format = INT8, known: dict[str, Known] | None = None) -> PassResult:
     """Add one Q->DQ per activation site (shared by all its quantized consumers) and a quantized

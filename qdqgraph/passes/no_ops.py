@@ -17,6 +17,7 @@ import onnx_graphsurgeon as gs
 from ..ops import inference_no_op
 from ..graph.view import GraphView
 from .base import PassResult, result
+from .registry import Condition, declare
 
 
 def _removable(view: GraphView, n: gs.Node) -> bool:
@@ -34,6 +35,8 @@ def _removable(view: GraphView, n: gs.Node) -> bool:
     return inference_no_op(view.vocab.is_(n, "dropout"), training, mask_used)
 
 
+@declare("remove_no_ops", ensures=(Condition("no removable Identity or Dropout left", lambda g, r: [
+    n.name for n in g.nodes if _removable(GraphView(g), n)]),), fixpoint=True, graph_only=True)
 def remove_no_ops(graph: gs.Graph) -> PassResult:
     """Rewire every consumer of a removable no-op to the no-op's input. Modifies `graph`; details:
     `removed` (node names)."""

@@ -42,6 +42,7 @@ from ..graph.view import GraphView
 from .base import PassResult, result
 from .fold_scale import producer_path
 from .smooth import MAX_SCALE, _k_axis, targets
+from .registry import declare
 
 ALPHAS = (0.0, 0.5, 0.65, 0.8)
 CLIP_GRID = tuple(2.0 ** (-i / 2) for i in range(20))    # fractions of max|x|: 1 .. 0.0014, then
@@ -318,6 +319,7 @@ def _insert_mul(graph: gs.Graph, x: gs.Tensor, readers: list[gs.Node], scale: np
     return xs
 
 
+@declare("output_aware")
 def apply(loaded: io.Loaded, choices: list[Choice], first: dict, data: CalibrationData) -> tuple[PassResult, dict[str, float]]:
     """Smooth as chosen (folded into a LayerNorm or the producing layer, or a Mul in front of the
     readers) and return the range of each chosen tensor under the name the plan will see it by.

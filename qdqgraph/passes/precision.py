@@ -41,6 +41,7 @@ from ..rulebook.files import bundled, read_toml
 from ..execution.runtime import graph_session
 from ..graph.view import GraphView
 from .base import PassResult, result
+from .registry import QDQ_SOUND, declare
 
 F32 = np.dtype(np.float32)
 ISLAND_TYPES = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -401,6 +402,7 @@ def measure_ranges(loaded: io.Loaded, data, samples: int = 4, providers=None) ->
     return ranges
 
 
+@declare("float_islands", ensures=(QDQ_SOUND,))
 def lower_float_islands(graph: gs.Graph, high_precision: str = "fp16", opset: int = MIN_OPSET,
                         ranges: dict[str, float] | None = None) -> PassResult:
     """Retype `graph`'s float islands in place (see the module doc). `opset` must be >= 19;

@@ -25,6 +25,7 @@ from ..placement.plan import Plan
 from ..execution.runtime import float_activations
 from ..graph.view import GraphView
 from .base import PassResult, result
+from .registry import declare
 
 DEFAULT_ALPHA = 0.5
 MAX_SCALE = 1e4            # s is clipped to [1/MAX_SCALE, MAX_SCALE]
@@ -74,6 +75,7 @@ def channel_ranges(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
     return out
 
 
+@declare("smooth")
 def smooth(graph: gs.Graph, found: dict[str, list[gs.Node]], ranges: dict[str, np.ndarray],
            alpha: float = DEFAULT_ALPHA) -> PassResult:
     """Insert Mul(x, 1/s) in front of each group of `found` (from `targets`) and scale the weights'

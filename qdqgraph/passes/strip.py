@@ -10,6 +10,7 @@ from ..ops import CAST, DEQUANTIZE, QUANTIZE
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .bias_add import fold_bias_adds
+from .registry import NO_QDQ, declare
 
 
 def _dequantize(view, dq) -> np.ndarray | None:
@@ -70,6 +71,7 @@ def replace_uses(graph: gs.Graph, view: GraphView, old: gs.Tensor, new: gs.Tenso
             graph.outputs[k] = new
 
 
+@declare("strip_qdq", ensures=(NO_QDQ,), fixpoint=True, graph_only=True)
 def strip_qdq(graph: gs.Graph) -> PassResult:
     """Bypass every Q->DQ pair and turn every constant->DQ into a float constant. Details: `removed`
     (how many DequantizeLinear nodes went), `casts`. Modifies `graph`. In a model with FP16 islands the result
