@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from .calib.methods import METHODS
-from .errors import QdqError
+from .errors import QdqError, option
 from .formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
 from .passes.insert import WEIGHT_FORMATS
 from .passes.precision import HIGH_PRECISIONS
@@ -32,6 +32,7 @@ DEFAULT_PERCENTILE = 99.99
 DEFAULT_METHODS = {"int8": DEFAULT_METHOD, "fp8": "max", "int4": "max"}
 DEFAULT_BLOCK_SIZE = 128       # INT4 weights: elements per scale along the reduction axis
 INT4_METHODS = ("rtn", "awq")
+INT4_ONLY = {"block_size": DEFAULT_BLOCK_SIZE, "int4_method": "awq"}   # INT4's options: their defaults
 DEFAULT_SMOOTH_ALPHA = 0.5
 DEFAULT_SENSITIVITY_SAMPLES = 8
 ATTENTION_MODES = ("auto", "on", "off")
@@ -46,12 +47,14 @@ def onnx_op_types() -> frozenset[str]:
 
 
 def _int(name: str, value, minimum: int, optional: bool = False) -> None:
+    """`name`: the QuantizeConfig field, named in the user's words (qdqgraph.errors.option)."""
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise QdqError(f"{name} must be a whole number, got {value!r}", f"pass {name} {minimum} or more")
+        raise QdqError(f"{option(name)} must be a whole number, got {value!r}",
+                       f"pass {option(name, minimum)} or more")
     if value < minimum:
-        raise QdqError(f"{name} must be at least {minimum}, got {value}", f"pass {name} {minimum} or more")
+        raise QdqError(f"{option(name)} must be at least {minimum}, got {value}", f"pass {option(name, minimum)} or more")
 
 
 def _number(name: str, value, low: float | None = None, high: float | None = None, low_open: bool = False,
@@ -113,8 +116,10 @@ class QuantizeConfig:
     fixed_inputs: tuple[tuple[str, object], ...] = ()   # (input name, value); a dict is accepted
     # what is written
     precision: str = DEFAULT_PRECISION         # int8 | fp8 | int4 (INT4 weights, activations float)
-    block_size: int = DEFAULT_BLOCK_SIZE       # int4: weights per scale along the reduction axis
-    int4_method: str = "awq"                   # int4: rtn | awq (activation-aware, needs data)
+    block_size: int | None = None              # int4: weights per scale along the reduction axis
+                                               # (None: DEFAULT_BLOCK_SIZE); int4 only
+    int4_method: str | None = None             # int4: rtn | awq (activation-aware, needs data; None:
+                                               # awq); int4 only
     weights: str = "int8"
     high_precision: str = "fp16"
     target: str = "tensorrt"                   # the compiler placed and predicted for: tensorrt | tensorrt-rtx
@@ -147,6 +152,15 @@ class QuantizeConfig:
             raise QdqError(f"unknown precision {self.precision!r}", f"use one of {', '.join(PRECISIONS)}")
         if self.method is None:
             object.__setattr__(self, "method", DEFAULT_METHODS[self.precision])
+        for name in INT4_ONLY:
+            if getattr(self, name) is not None and self.precision != "int4":
+                raise QdqError(f"{option(name)} applies to {option('precision', 'int4')} only (this run is "
+                               f"{self.precision.upper()})",
+                               f"drop {option(name)}, or add {option('precision', 'int4')}")
+        if self.precision == "int4":
+            for name, default in INT4_ONLY.items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
         self.check()
 
     def check(self) -> None:
@@ -154,23 +168,25 @@ class QuantizeConfig:
             raise QdqError(f"unknown calibration method {self.method!r}", f"use one of {', '.join(METHODS)}")
         _number("--percentile", self.percentile, 0.0, 100.0, low_open=True,
                 fix=f"pass a percentile in (0, 100], e.g. {DEFAULT_PERCENTILE}")
-        _int("--batch-size", self.batch_size, 1)
-        _int("--samples", self.samples, 1, optional=True)
-        _int("--lanes", self.lanes, 1, optional=True)
+        _int("batch_size", self.batch_size, 1)
+        _int("samples", self.samples, 1, optional=True)
+        _int("lanes", self.lanes, 1, optional=True)
         if self.ray is not None and (not isinstance(self.ray, str) or not self.ray.strip()):
             raise QdqError(f"--ray takes a Ray address, got {self.ray!r}",
                            "pass --ray alone (a Ray on this machine) or --ray HOST:PORT")
         if self.ray is not None and self.providers not in (None, ("CPUExecutionProvider",)):
             raise QdqError("--ray runs onnxruntime on the CPUs of the Ray workers (its tasks ask for no GPU)",
                            "drop --providers, or drop --ray")
-        _int("--sensitivity-samples", self.sensitivity_samples, 1)
-        _int("--max-float-layers", self.max_float_layers, 0, optional=True)
-        _int("--block-size", self.block_size, 2)
-        if self.block_size % 2:
-            raise QdqError(f"--block-size must be even (two INT4 values per byte), got {self.block_size}",
-                           f"pass --block-size {DEFAULT_BLOCK_SIZE}, 64 or 32")
-        if self.int4_method not in INT4_METHODS:
-            raise QdqError(f"unknown --int4-method {self.int4_method!r}", f"use one of {', '.join(INT4_METHODS)}")
+        _int("sensitivity_samples", self.sensitivity_samples, 1)
+        _int("max_float_layers", self.max_float_layers, 0, optional=True)
+        if self.precision == "int4":
+            _int("block_size", self.block_size, 2)
+            if self.block_size % 2:
+                raise QdqError(f"{option('block_size')} must be even (two INT4 values per byte), got {self.block_size}",
+                               f"pass {option('block_size', DEFAULT_BLOCK_SIZE)}, 64 or 32")
+            if self.int4_method not in INT4_METHODS:
+                raise QdqError(f"unknown {option('int4_method', self.int4_method)}",
+                               f"use one of {', '.join(INT4_METHODS)}")
         if self.weights not in WEIGHT_FORMATS:
             raise QdqError(f"unknown weight format {self.weights!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
         if self.high_precision not in HIGH_PRECISIONS:

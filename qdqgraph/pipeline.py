@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from . import advice, attention, attention_guard, branches, distributed, io
 from .calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from
 from .data import CalibrationData
-from .errors import InvariantError, QdqError
+from .errors import InvariantError, QdqError, option
 from .formats import label
 from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
@@ -34,6 +35,7 @@ from .passes.precision import MIN_OPSET as PRECISION_OPSET
 from .passes.precision import lower_float_islands, measure_ranges
 from .passes import output_aware
 from .passes.smooth import channel_ranges, smooth, targets
+from .placement import load_ruleset
 from .placement.plan import Plan
 from .placement.refine import NO_INT8
 from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
@@ -93,22 +95,43 @@ def fewer_collections():
         gc.set_threshold(*old)
 
 
+def _asked_data(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
+    """The options given explicitly that work on calibration data: (option as the user wrote it,
+    what it does with the data, how else to get what it is for)."""
+    asked = []
+    if cfg.accuracy_budget is not None:
+        asked.append((option("accuracy_budget", cfg.accuracy_budget), "measures the output SQNR on it", ""))
+    elif cfg.max_float_layers is not None:
+        asked.append((option("max_float_layers", cfg.max_float_layers), "ranks the nodes by their sensitivity on it", ""))
+    if cfg.bias_correction:
+        asked.append((option("bias_correction", True), "measures the mean output shift of the INT8 weights on it", ""))
+    if cfg.smooth_quant is not None:
+        asked.append((option("smooth_quant", cfg.smooth_quant), "measures the channel ranges on it", ""))
+    if cfg.output_aware:
+        asked.append((option("output_aware", True), "chooses each MatMul/Gemm input's range by the error in the "
+                      "layer's output on it", ""))
+    return asked
+
+
 def _require_data(cfg: QuantizeConfig, calib, calib_cache) -> None:
+    """Refuse, in one line, a run whose explicit options need real calibration data it lacks (none
+    is silently dropped)."""
     if cfg.precision == "int4":
         _require_int4_data(cfg, calib)
         return
+    data = option("calib", "DATA.npz", literal=False)
     if calib is None and calib_cache is None:
         raise QdqError("no calibration data given",
-                       "pass --calib DATA.npz (or --calib random to insert Q/DQ with meaningless scales)")
-    real = is_real(calib)
-    if cfg.fallback and not real:
-        raise QdqError("an accuracy budget needs real calibration data to measure against", "pass --calib DATA.npz")
-    if cfg.bias_correction and not real:
-        raise QdqError("bias correction needs calibration data", "pass --calib DATA.npz")
-    if cfg.smooth_quant is not None and not real:
-        raise QdqError("--smooth-quant needs calibration data to measure channel ranges", "pass --calib DATA.npz")
-
-
+                       f"pass {data} (or {option('calib', 'random')} to insert Q/DQ with meaningless scales)")
+    if is_real(calib):
+        return
+    given = f"{option('calib', 'random')} is not data" if calib is not None else \
+        f"only a calibration cache was given ({option('calib_cache')})"
+    asked = _asked_data(cfg)
+    if asked:
+        what, does, _ = asked[0]
+        raise QdqError(f"{what} {does.replace(' it', ' calibration data')}, and {given}",
+                       f"pass {data}, or drop {what}")
 def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_cache=None, progress=None,
              **options) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
@@ -247,13 +270,41 @@ def _require_share(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, report: I
 def _require_int4_data(cfg: QuantizeConfig, calib) -> None:
     """INT4 weights calibrate no activation: only AWQ reads data, and only rules decide."""
     if cfg.int4_method == "awq" and not is_real(calib):
-        raise QdqError("--int4-method awq searches scales on calibration data, and none was given",
-                       "pass --calib DATA.npz, or --int4-method rtn (round to nearest, no data)")
-    for flag, on in (("--accuracy-budget/--max-float-layers", cfg.fallback), ("--smooth-quant", cfg.smooth_quant is not None),
-                     ("--bias-correction", cfg.bias_correction)):
-        if on:
-            raise QdqError(f"{flag} applies to INT8 and FP8 activations, not to --precision int4",
-                           f"drop {flag.split('/')[0]}, or use --precision int8 or fp8")
+        raise QdqError(f"{option('int4_method', 'awq')} searches scales on calibration data, and none was given",
+                       f"pass {option('calib', 'DATA.npz', literal=False)}, or {option('int4_method', 'rtn')} "
+                       f"(round to nearest, no data)")
+    for what, _, _ in _asked_data(cfg):
+        raise QdqError(f"{what} applies to INT8 and FP8 activations, not to {option('precision', 'int4')}",
+                       f"drop {what}, or use {option('precision', 'int8')} or fp8")
+
+
+def _nothing_int4(loaded: io.Loaded, plan: Plan, cfg: QuantizeConfig) -> QdqError:
+    """The error for an INT4 plan that quantizes no weight: the model has no GEMM with a constant 2-D
+    weight, or the plan kept every one float (why, by rule, and how to overrule it)."""
+    other = f"use {option('precision', 'int8')} or fp8 for this model"
+    targets = [t.node for t in int4_targets(loaded.graph)]
+    if not targets:
+        return QdqError("no MatMul or Gemm weight to quantize to INT4 (INT4 is weight-only, for GEMMs with a "
+                        "constant 2-D weight)", other)
+    kept = [plan.decisions[n] for n in targets if n in plan.decisions and not plan.decisions[n].quantized]
+    if not kept:
+        return QdqError(f"the plan quantizes none of the {len(targets)} MatMul/Gemm weight(s) to INT4", other)
+    d = kept[0]
+    names = ", ".join(k.node for k in kept[:3]) + (", ..." if len(kept) > 3 else "")
+    what = f"the model's {len(targets)} MatMul/Gemm weight(s) ({names})" if len(kept) == len(targets) else \
+        f"{len(kept)} of the model's {len(targets)} MatMul/Gemm weights ({names})"
+    reason = d.reason.split(" -> float: ")[-1] if " -> float: " in d.reason else d.reason
+    if d.rule == "user-exclude":
+        return QdqError(f"no MatMul or Gemm weight is left to quantize to INT4: {what} excluded by {reason}",
+                        f"drop that exclusion, or {other}")
+    rule = load_ruleset(cfg.rules, cfg.precision, cfg.target).by_id.get(d.rule)
+    pattern = "|".join(re.escape(k.node) for k in kept[:3])
+    fix = (f"pass {option('include_nodes', repr(pattern), literal=False)} to quantize "
+           f"{'it' if len(kept) == 1 else 'them'} anyway ({d.rule} is advisory), or {other}"
+           if rule is not None and getattr(rule, "advisory", False) else other)
+    gemv = " as a GEMV" if "GEMV" in d.reason else ""
+    return QdqError(f"no MatMul or Gemm weight is left to quantize to INT4: {what} excluded{gemv} by {d.rule} "
+                    f"({reason})", fix)
 
 
 def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: QuantizeConfig,
@@ -266,8 +317,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
         chosen = {name for s in plan.weight_sites() for name, _ in s.edges}
         excluded = frozenset(t.node for t in int4_targets(loaded.graph) if t.node not in chosen)
         if not chosen - excluded:
-            raise QdqError("no MatMul or Gemm weight to quantize to INT4 (INT4 is weight-only, for GEMMs "
-                           "with a constant 2-D weight)", "use --precision int8 or fp8 for this model")
+            raise _nothing_int4(loaded, plan, cfg)
     with report.stage("int4 weights"):
         int4 = quantize_int4_weights(loaded, block_size=cfg.block_size, method=cfg.int4_method, data=data,
                                      exclude=excluded)
