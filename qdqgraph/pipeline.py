@@ -229,17 +229,17 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
         report.fill_from_plan(plan, amax)
         for t in inserted["zero_range"]:
             report.warnings.append(f"tensor '{t}' was zero over all calibration samples; it got the safe scale "
-                                   f"(see README: zero-range tensors)")
+                                   f"(docs/CALIBRATION.md)")
         violations = qdq_violations(loaded.graph)
         if violations:
             raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
     model_out, final = _deploy(loaded, inserted["provenance"], cfg, data if is_real(calib) else None, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target, cfg.gpu)
+        _predict(final, report, cfg.target, cfg.gpu, cfg.precision)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
-    dropped = [n for n, d in plan.decisions.items() if not d.quantized and NO_INT8 in (d.reason or "")]
+    dropped = [n for n, d in plan.decisions.items() if not d.quantized and (d.reason or "").startswith(NO_INT8)]
     if dropped:
-        why = next(d.reason for d in plan.decisions.values() if NO_INT8 in (d.reason or ""))
+        why = next(d.reason for d in plan.decisions.values() if (d.reason or "").startswith(NO_INT8))
         report.warnings.append(f"{why}; the model is written in float"
                                + (f" with {cfg.high_precision} islands" if cfg.high_precision != "fp32" else ""))
     little = advice.warning(loaded.graph, plan, report.tensorrt, label(cfg.precision))
@@ -332,7 +332,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
     provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
     model_out, final = _deploy(loaded, provenance, cfg, data, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target, cfg.gpu)
+        _predict(final, report, cfg.target, cfg.gpu, cfg.precision)
     return Result(model_out, plan, report, cfg)
 
 
@@ -543,12 +543,17 @@ def _check_raised(model: onnx.ModelProto, high_precision: str, report: InsertRep
                            f"({first}); the written model declares the shapes inference finds")
 
 
-def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", gpu: str | None = None) -> None:
+def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", gpu: str | None = None,
+             precision: str | None = None) -> None:
     """The simulator's prediction for the written model, into the report. A simulator failure
-    must not cost the user the model: it becomes a warning naming the error."""
+    must not cost the user the model: it becomes a warning naming the error. `precision`: what
+    the run asked for, which names a model with no Q/DQ (nothing quantized) in the summary."""
     try:
         with step("quantized engine"):
             sim = simulate(loaded.graph, target=target)
+            view = GraphView(loaded.graph)
+            if precision and not any(view.vocab.is_(n, "quant") for n in view.nodes):
+                sim.quantized = label(precision)
             report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
         with step("float engine"):                 # the FP16 engine of the same model, for the speed line
             float_graph = loaded.graph.copy()
