@@ -48,6 +48,11 @@ def cli_words():
         _CLI_WORDS.reset(token)
 
 
+def cli_words_on() -> bool:
+    """Whether messages now name options as command-line flags."""
+    return _CLI_WORDS.get()
+
+
 def option(name: str, value=_UNSET, literal: bool = True) -> str:
     """An option of `qdqgraph.quantize` (a QuantizeConfig field, or `calib`, `calib_cache`, `shapes`)
     as the user wrote it: `--block-size 64` from the command line, `block_size=64` from the Python
