@@ -295,8 +295,9 @@ def _nothing_int4(loaded: io.Loaded, plan: Plan, cfg: QuantizeConfig) -> QdqErro
         f"{len(kept)} of the model's {len(targets)} MatMul/Gemm weights ({names})"
     reason = d.reason.split(" -> float: ")[-1] if " -> float: " in d.reason else d.reason
     if d.rule == "user-exclude":
-        return QdqError(f"no MatMul or Gemm weight is left to quantize to INT4: {what} excluded by {reason}",
-                        f"drop that exclusion, or {other}")
+        yours = ", ".join(dict.fromkeys(k.reason for k in kept if k.rule == "user-exclude"))
+        return QdqError(f"no MatMul or Gemm weight is left to quantize to INT4: {what} excluded by {yours}",
+                        f"drop {'that exclusion' if ', ' not in yours else 'those exclusions'}, or {other}")
     rule = load_ruleset(cfg.rules, cfg.precision, cfg.target).by_id.get(d.rule)
     pattern = "|".join(re.escape(k.node) for k in kept[:3])
     fix = (f"pass {option('include_nodes', repr(pattern), literal=False)} to quantize "

@@ -204,12 +204,12 @@ def _check_divisible(found: list[tuple[Target, gs.Node]], block_size: int) -> No
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
     ks = sorted({t.k for t, _ in found})
     fits = block_sizes_for(ks)
-    every = f"K={ks[0]}" if len(ks) == 1 else f"every K ({', '.join(map(str, ks))})"
+    every = f"K={ks[0]}" if len(ks) == 1 else f"every K: {', '.join(map(str, ks))}"
     names = "|".join(re.escape(t.node) for t in bad[:3]) + ("|..." if len(bad) > 3 else "")
     exclude = (f"exclude the nodes whose K {block_size} does not divide "
                f"({option('exclude_nodes', repr(names), literal=False)})") if len(bad) < len(found) else ""
     if fits:
-        fix = f"use {option('block_size', fits[0])}{''.join(f' or {b}' for b in fits[1:])} (divides {every})"
+        fix = f"use {option('block_size', fits[0])}{''.join(f' or {b}' for b in fits[1:])} (each divides {every})"
         fix += f", or {exclude}" if exclude else ""
     else:
         odd = f"K={ks[0]} is odd" if len(ks) == 1 else f"their greatest common divisor {math.gcd(*ks)} is odd"
