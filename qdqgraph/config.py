@@ -185,7 +185,7 @@ class QuantizeConfig:
         _int("max_float_layers", self.max_float_layers, 0, optional=True)
         if self.precision == "int4":
             _int("block_size", self.block_size, 2)
-            if self.block_size % 2:
+            if int(self.block_size or 0) % 2:
                 raise QdqError(f"{option('block_size')} must be even (two INT4 values per byte), got {self.block_size}",
                                f"pass {option('block_size', DEFAULT_BLOCK_SIZE)}, 64 or 32")
             if self.int4_method not in INT4_METHODS:

@@ -320,6 +320,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
         if not chosen - excluded:
             raise _nothing_int4(loaded, plan, cfg)
     with report.stage("int4 weights"):
+        assert cfg.block_size is not None and cfg.int4_method is not None, "QuantizeConfig fills INT4's defaults"
         int4 = quantize_int4_weights(loaded, block_size=cfg.block_size, method=cfg.int4_method, data=data,
                                      exclude=excluded)
         report.add([int4])

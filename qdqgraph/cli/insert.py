@@ -129,6 +129,8 @@ def check_shapes(args, config) -> None:
     engine is built after the model is written): their syntax, the input names, ranks and order."""
     if not any(getattr(args, d) for d in ("shapes", "min_shapes", "opt_shapes", "max_shapes")):
         return
+    from typing import Any
+
     import numpy as np
     import onnx
     from ..backends.profiles import from_flags
@@ -140,7 +142,7 @@ def check_shapes(args, config) -> None:
         if v.name in weights or v.name in config.fixed:          # a fixed input leaves the written model
             continue
         t = v.type.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim) \
+        shape: Any = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim) \
             if t.HasField("shape") else None
         specs.append(InputSpec(v.name, np.dtype(np.float32), shape))
     from_flags(specs, args.shapes, args.min_shapes, args.opt_shapes, args.max_shapes)
