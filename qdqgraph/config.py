@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from .graph import proto
 from .calib.methods import METHODS
-from .errors import QdqError
+from .errors import QdqError, cli_words_on as _CLI, option
 from .precisions.formats import DEFAULT_PRECISION, PRECISIONS, Format, activation_format
 from .precisions.registry import precision, precisions
 from .passes.insert import WEIGHT_FORMATS
@@ -31,6 +31,7 @@ DEFAULT_METHOD = DEFAULT_METHODS[DEFAULT_PRECISION]
 DEFAULT_PERCENTILE = 99.99
 DEFAULT_BLOCK_SIZE = 128       # INT4 weights: elements per scale along the reduction axis
 INT4_METHODS = ("rtn", "awq")
+INT4_ONLY = {"block_size": DEFAULT_BLOCK_SIZE, "int4_method": "awq"}   # INT4's options: their defaults
 DEFAULT_SMOOTH_ALPHA = 0.5
 DEFAULT_SENSITIVITY_SAMPLES = 8
 ATTENTION_MODES = ("auto", "on", "off")
@@ -44,31 +45,36 @@ def onnx_op_types() -> frozenset[str]:
 
 
 def _int(name: str, value, minimum: int, optional: bool = False) -> None:
+    """`name`: the QuantizeConfig field, named in the user's words (qdqgraph.errors.option)."""
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise QdqError(f"{name} must be a whole number, got {value!r}", f"pass {name} {minimum} or more")
+        raise QdqError(f"{option(name)} must be a whole number, got {value!r}",
+                       f"pass {option(name, minimum)} or more")
     if value < minimum:
-        raise QdqError(f"{name} must be at least {minimum}, got {value}", f"pass {name} {minimum} or more")
+        raise QdqError(f"{option(name)} must be at least {minimum}, got {value}", f"pass {option(name, minimum)} or more")
 
 
 def _number(name: str, value, low: float | None = None, high: float | None = None, low_open: bool = False,
             fix: str = "") -> None:
+    """`name`: the QuantizeConfig field, named in the user's words (qdqgraph.errors.option)."""
+    said = option(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise QdqError(f"{name} must be a finite number, got {value!r}", fix or f"pass a number to {name}")
+        raise QdqError(f"{said} must be a finite number, got {value!r}", fix or f"pass a number to {said}")
     if low is not None and (value < low or (low_open and value == low)):
-        raise QdqError(f"{name} must be {'above' if low_open else 'at least'} {low:g}, got {value:g}", fix)
+        raise QdqError(f"{said} must be {'above' if low_open else 'at least'} {low:g}, got {value:g}", fix)
     if high is not None and value > high:
-        raise QdqError(f"{name} must be at most {high:g}, got {value:g}", fix)
+        raise QdqError(f"{said} must be at most {high:g}, got {value:g}", fix)
 
 
 def _regex(name: str, pattern) -> None:
     if not isinstance(pattern, str):
-        raise QdqError(f"{name} takes a regular expression, got {pattern!r}", f"pass {name} 'REGEX'")
+        raise QdqError(f"{option(name)} takes a regular expression, got {pattern!r}",
+                       f"pass {option(name, 'REGEX')}")
     try:
         re.compile(pattern)
     except re.error as e:
-        raise QdqError(f"{name} {pattern!r} is not a valid regular expression ({e})",
+        raise QdqError(f"{option(name, repr(pattern), literal=False)} is not a valid regular expression ({e})",
                        "escape special characters, e.g. 'head\\.0' or 'layer\\[1\\]'") from None
 
 
@@ -77,7 +83,7 @@ def _op_type(op) -> None:
         return
     close = [o for o in onnx_op_types() if o.lower() == op.lower()] or difflib.get_close_matches(op, onnx_op_types(), 1)
     hint = f"did you mean {close[0]}?" if close else "op types are ONNX names such as Softmax or MatMul"
-    raise QdqError(f"--exclude-op {op!r} is not an ONNX op type", hint)
+    raise QdqError(f"{option('exclude_ops', repr(op), literal=False)} is not an ONNX op type", hint)
 
 
 def _tuple(value) -> tuple:
@@ -111,8 +117,10 @@ class QuantizeConfig:
     fixed_inputs: tuple[tuple[str, object], ...] = ()   # (input name, value); a dict is accepted
     # what is written
     precision: str = DEFAULT_PRECISION         # int8 | fp8 | int4 (INT4 weights, activations float)
-    block_size: int = DEFAULT_BLOCK_SIZE       # int4: weights per scale along the reduction axis
-    int4_method: str = "awq"                   # int4: rtn | awq (activation-aware, needs data)
+    block_size: int | None = None              # int4: weights per scale along the reduction axis
+                                               # (None: DEFAULT_BLOCK_SIZE); int4 only
+    int4_method: str | None = None             # int4: rtn | awq (activation-aware, needs data; None:
+                                               # awq); int4 only
     weights: str = "int8"
     high_precision: str = "fp16"
     target: str = "tensorrt"                   # the compiler placed and predicted for: tensorrt | tensorrt-rtx
@@ -145,69 +153,87 @@ class QuantizeConfig:
             raise QdqError(f"unknown precision {self.precision!r}", f"use one of {', '.join(PRECISIONS)}")
         if self.method is None:
             object.__setattr__(self, "method", DEFAULT_METHODS[self.precision])
+        for name in INT4_ONLY:
+            if getattr(self, name) is not None and self.precision != "int4":
+                raise QdqError(f"{option(name)} applies to {option('precision', 'int4')} only (this run is "
+                               f"{self.precision.upper()})",
+                               f"drop {option(name)}, or add {option('precision', 'int4')}")
+        if self.precision == "int4":
+            for name, default in INT4_ONLY.items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
         self.check()
 
     def check(self) -> None:
         if self.method not in METHODS:
             raise QdqError(f"unknown calibration method {self.method!r}", f"use one of {', '.join(METHODS)}")
-        _number("--percentile", self.percentile, 0.0, 100.0, low_open=True,
+        _number("percentile", self.percentile, 0.0, 100.0, low_open=True,
                 fix=f"pass a percentile in (0, 100], e.g. {DEFAULT_PERCENTILE}")
-        _int("--batch-size", self.batch_size, 1)
-        _int("--samples", self.samples, 1, optional=True)
-        _int("--lanes", self.lanes, 1, optional=True)
+        _int("batch_size", self.batch_size, 1)
+        _int("samples", self.samples, 1, optional=True)
+        _int("lanes", self.lanes, 1, optional=True)
         if self.ray is not None and (not isinstance(self.ray, str) or not self.ray.strip()):
-            raise QdqError(f"--ray takes a Ray address, got {self.ray!r}",
-                           "pass --ray alone (a Ray on this machine) or --ray HOST:PORT")
+            raise QdqError(f"{option('ray')} takes a Ray address, got {self.ray!r}",
+                           f"pass {option('ray', 'local')} (a Ray on this machine) or {option('ray', 'HOST:PORT')}"
+                           if not _CLI() else "pass --ray alone (a Ray on this machine) or --ray HOST:PORT")
         if self.ray is not None and self.providers not in (None, ("CPUExecutionProvider",)):
-            raise QdqError("--ray runs onnxruntime on the CPUs of the Ray workers (its tasks ask for no GPU)",
-                           "drop --providers, or drop --ray")
-        _int("--sensitivity-samples", self.sensitivity_samples, 1)
-        _int("--max-float-layers", self.max_float_layers, 0, optional=True)
-        _int("--block-size", self.block_size, 2)
-        if self.block_size % 2:
-            raise QdqError(f"--block-size must be even (two INT4 values per byte), got {self.block_size}",
-                           f"pass --block-size {DEFAULT_BLOCK_SIZE}, 64 or 32")
-        if self.int4_method not in INT4_METHODS:
-            raise QdqError(f"unknown --int4-method {self.int4_method!r}", f"use one of {', '.join(INT4_METHODS)}")
+            raise QdqError(f"{option('ray')} runs onnxruntime on the CPUs of the Ray workers (its tasks ask for no GPU)",
+                           f"drop {option('providers')}, or drop {option('ray')}")
+        _int("sensitivity_samples", self.sensitivity_samples, 1)
+        _int("max_float_layers", self.max_float_layers, 0, optional=True)
+        if self.precision == "int4":
+            _int("block_size", self.block_size, 2)
+            if int(self.block_size or 0) % 2:
+                raise QdqError(f"{option('block_size')} must be even (two INT4 values per byte), got {self.block_size}",
+                               f"pass {option('block_size', DEFAULT_BLOCK_SIZE)}, 64 or 32")
+            if self.int4_method not in INT4_METHODS:
+                raise QdqError(f"unknown {option('int4_method', self.int4_method)}",
+                               f"use one of {', '.join(INT4_METHODS)}")
         if self.weights not in WEIGHT_FORMATS:
             raise QdqError(f"unknown weight format {self.weights!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
         if self.high_precision not in HIGH_PRECISIONS:
             raise QdqError(f"unknown high precision {self.high_precision!r}", f"use one of {', '.join(HIGH_PRECISIONS)}")
         if self.output_aware not in (None, True, False):
-            raise QdqError(f"output_aware must be true, false or None (auto), got {self.output_aware!r}",
-                           "pass --output-aware on|off|auto")
+            raise QdqError(f"{option('output_aware')} must be on, off or auto (True, False or None), got "
+                           f"{self.output_aware!r}", f"pass {option('output_aware', 'on|off|auto', literal=False)}"
+                           if _CLI() else "pass output_aware=True, False or None")
         if self.output_aware and self.precision != "int8":
-            raise QdqError(f"--output-aware on chooses INT8 ranges; it does not apply to --precision {self.precision}",
-                           "drop --output-aware, or use --precision int8")
+            raise QdqError(f"{option('output_aware', True)} chooses INT8 ranges; it does not apply to "
+                           f"{option('precision', self.precision)}",
+                           f"drop {option('output_aware')}, or use {option('precision', 'int8')}")
         if self.output_aware and self.smooth_quant is not None:
-            raise QdqError("--output-aware on and --smooth-quant both choose the smoothing",
-                           "pass one of them (--output-aware on picks the strength per layer)")
+            raise QdqError(f"{option('output_aware', True)} and {option('smooth_quant')} both choose the smoothing",
+                           f"pass one of them ({option('output_aware', True)} picks the strength per layer)")
         if self.int8_attention not in ATTENTION_MODES:
-            raise QdqError(f"unknown --int8-attention {self.int8_attention!r}", f"use one of {', '.join(ATTENTION_MODES)}")
+            raise QdqError(f"unknown {option('int8_attention', self.int8_attention)}",
+                           f"use one of {', '.join(ATTENTION_MODES)}")
         if self.smooth_quant is not None:
-            _number("--smooth-quant", self.smooth_quant, 0.0, 1.0,
+            _number("smooth_quant", self.smooth_quant, 0.0, 1.0,
                     fix=f"pass an alpha in [0, 1] (default {DEFAULT_SMOOTH_ALPHA})")
         if self.target not in TARGETS:
             raise QdqError(f"unknown target {self.target!r}", f"use one of {', '.join(TARGETS)}")
         if self.gpu is not None:
             known_gpu(self.gpu)                    # one line naming the GPUs it knows
         if self.require_int8 is not None:
-            _number("--require-int8", self.require_int8, 0.0, 100.0,
-                    fix="pass a percentage of the weighted FLOPs in [0, 100], e.g. --require-int8 50")
+            _number("require_int8", self.require_int8, 0.0, 100.0,
+                    fix=f"pass a percentage of the weighted FLOPs in [0, 100], e.g. {option('require_int8', 50)}")
             if precision(self.precision).weights_only:
-                raise QdqError("--require-int8 checks the share of FLOPs run on quantized activations, and "
-                               "--precision int4 quantizes weights only", "drop --require-int8, or use --precision int8 or fp8")
+                raise QdqError(f"{option('require_int8')} checks the share of FLOPs run on quantized activations, and "
+                               f"{option('precision', 'int4')} quantizes weights only",
+                               f"drop {option('require_int8')}, or use {option('precision', 'int8')} or fp8")
         if self.accuracy_budget is not None:
-            _number("--accuracy-budget", self.accuracy_budget, fix="pass an output SQNR in dB, e.g. --accuracy-budget 30")
+            _number("accuracy_budget", self.accuracy_budget,
+                    fix=f"pass an output SQNR in dB, e.g. {option('accuracy_budget', 30)}")
         for p in self.exclude_nodes:
-            _regex("--exclude-node", p)
+            _regex("exclude_nodes", p)
         for p in self.include_nodes:
-            _regex("--include-node", p)
+            _regex("include_nodes", p)
         for op in self.exclude_ops:
             _op_type(op)
         names = [n for n, _ in self.fixed_inputs]
         if len(set(names)) != len(names):
-            raise QdqError(f"--fix-input names an input twice ({', '.join(sorted(names))})", "give each input once")
+            raise QdqError(f"{option('fixed_inputs')} names an input twice ({', '.join(sorted(names))})",
+                           "give each input once")
 
     # ------------------------------------------------------------------ views
 

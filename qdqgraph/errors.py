@@ -6,6 +6,9 @@ CLI prints one line that says so and exits 1.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 
 class QdqError(Exception):
     """A problem with the user's input or request, with the fix in the message."""
@@ -23,3 +26,43 @@ class ArgumentTypeError(QdqError, TypeError):
 
 class InvariantError(AssertionError):
     """qdqgraph produced a model that breaks one of its own Q/DQ invariants (a bug)."""
+
+
+# ------------------------------------------------------------------ options in the user's words
+
+_CLI_WORDS: ContextVar[bool] = ContextVar("qdqgraph_cli_words", default=False)
+_FLAGS = {"exclude_ops": "--exclude-op", "exclude_nodes": "--exclude-node", "include_nodes": "--include-node",
+          "fixed_inputs": "--fix-input", "custom_op_libraries": "--custom-op-library"}
+_SWITCHES = frozenset({"bias_correction"})               # flags that take no value
+_ON_OFF = frozenset({"output_aware"})                    # True / False / None written on / off / auto
+_UNSET = object()
+
+
+@contextmanager
+def cli_words():
+    """Within it, `option` names options as command-line flags (the `qdqgraph` command runs in it)."""
+    token = _CLI_WORDS.set(True)
+    try:
+        yield
+    finally:
+        _CLI_WORDS.reset(token)
+
+
+def cli_words_on() -> bool:
+    """Whether messages now name options as command-line flags."""
+    return _CLI_WORDS.get()
+
+
+def option(name: str, value=_UNSET, literal: bool = True) -> str:
+    """An option of `qdqgraph.quantize` (a QuantizeConfig field, or `calib`, `calib_cache`, `shapes`)
+    as the user wrote it: `--block-size 64` from the command line, `block_size=64` from the Python
+    API; without `value`, the flag or `block_size=` alone. `literal=False`: `value` is a placeholder
+    (DATA.npz), written as it is in both."""
+    if not _CLI_WORDS.get():
+        return f"{name}=" if value is _UNSET else f"{name}={value!r}" if literal else f"{name}={value}"
+    flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+    if value is _UNSET or (name in _SWITCHES and value is True):
+        return flag
+    if name in _ON_OFF:
+        value = {True: "on", False: "off", None: "auto"}.get(value, value)
+    return f"{flag} {value}"

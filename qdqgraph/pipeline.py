@@ -13,19 +13,20 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx_graphsurgeon as gs
 
-from .placement import advice
+from .placement import advice, load_ruleset
 from .graph import attention, branches, io, proto
 from .recipes import attention_guard
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from
 from .samples.data import CalibrationData
-from .errors import InvariantError, QdqError
+from .errors import InvariantError, QdqError, option
 from .precisions.formats import label
 from .precisions.registry import precision
 from .passes.bias_add import bias_to_add
@@ -96,20 +97,43 @@ def fewer_collections():
         gc.set_threshold(*old)
 
 
+def _asked_data(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
+    """The options given explicitly that work on calibration data: (option as the user wrote it,
+    what it does with the data, how else to get what it is for)."""
+    asked = []
+    if cfg.accuracy_budget is not None:
+        asked.append((option("accuracy_budget", cfg.accuracy_budget), "measures the output SQNR on it", ""))
+    elif cfg.max_float_layers is not None:
+        asked.append((option("max_float_layers", cfg.max_float_layers), "ranks the nodes by their sensitivity on it", ""))
+    if cfg.bias_correction:
+        asked.append((option("bias_correction", True), "measures the mean output shift of the INT8 weights on it", ""))
+    if cfg.smooth_quant is not None:
+        asked.append((option("smooth_quant", cfg.smooth_quant), "measures the channel ranges on it", ""))
+    if cfg.output_aware:
+        asked.append((option("output_aware", True), "chooses each MatMul/Gemm input's range by the error in the "
+                      "layer's output on it", ""))
+    return asked
+
+
 def _require_data(cfg: QuantizeConfig, calib, calib_cache) -> None:
+    """Refuse, in one line, a run whose explicit options need real calibration data it lacks (none
+    is silently dropped)."""
     if precision(cfg.precision).weights_only:
         _require_int4_data(cfg, calib)
         return
+    data = option("calib", "DATA.npz", literal=False)
     if calib is None and calib_cache is None:
         raise QdqError("no calibration data given",
-                       "pass --calib DATA.npz (or --calib random to insert Q/DQ with meaningless scales)")
-    real = is_real(calib)
-    if cfg.fallback and not real:
-        raise QdqError("an accuracy budget needs real calibration data to measure against", "pass --calib DATA.npz")
-    if cfg.bias_correction and not real:
-        raise QdqError("bias correction needs calibration data", "pass --calib DATA.npz")
-    if cfg.smooth_quant is not None and not real:
-        raise QdqError("--smooth-quant needs calibration data to measure channel ranges", "pass --calib DATA.npz")
+                       f"pass {data} (or {option('calib', 'random')} to insert Q/DQ with meaningless scales)")
+    if is_real(calib):
+        return
+    given = f"{option('calib', 'random')} is not data" if calib is not None else \
+        f"only a calibration cache was given ({option('calib_cache')})"
+    asked = _asked_data(cfg)
+    if asked:
+        what, does, _ = asked[0]
+        raise QdqError(f"{what} {does.replace(' it', ' calibration data')}, and {given}",
+                       f"pass {data}, or drop {what}")
 
 
 def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_cache=None, progress=None,
@@ -208,17 +232,17 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
         report.fill_from_plan(plan, amax)
         for t in inserted["zero_range"]:
             report.warnings.append(f"tensor '{t}' was zero over all calibration samples; it got the safe scale "
-                                   f"(see README: zero-range tensors)")
+                                   f"(docs/CALIBRATION.md)")
         violations = qdq_violations(loaded.graph)
         if violations:
             raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
     model_out, final = _deploy(loaded, inserted["provenance"], cfg, data if is_real(calib) else None, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target, cfg.gpu)
+        _predict(final, report, cfg.target, cfg.gpu, cfg.precision)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
-    dropped = [n for n, d in plan.decisions.items() if not d.quantized and NO_INT8 in (d.reason or "")]
+    dropped = [n for n, d in plan.decisions.items() if not d.quantized and (d.reason or "").startswith(NO_INT8)]
     if dropped:
-        why = next(d.reason for d in plan.decisions.values() if NO_INT8 in (d.reason or ""))
+        why = next(d.reason for d in plan.decisions.values() if (d.reason or "").startswith(NO_INT8))
         report.warnings.append(f"{why}; the model is written in float"
                                + (f" with {cfg.high_precision} islands" if cfg.high_precision != "fp32" else ""))
     little = advice.warning(loaded.graph, plan, report.tensorrt, label(cfg.precision))
@@ -249,13 +273,42 @@ def _require_share(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, report: I
 def _require_int4_data(cfg: QuantizeConfig, calib) -> None:
     """INT4 weights calibrate no activation: only AWQ reads data, and only rules decide."""
     if cfg.int4_method == "awq" and not is_real(calib):
-        raise QdqError("--int4-method awq searches scales on calibration data, and none was given",
-                       "pass --calib DATA.npz, or --int4-method rtn (round to nearest, no data)")
-    for flag, on in (("--accuracy-budget/--max-float-layers", cfg.fallback), ("--smooth-quant", cfg.smooth_quant is not None),
-                     ("--bias-correction", cfg.bias_correction)):
-        if on:
-            raise QdqError(f"{flag} applies to INT8 and FP8 activations, not to --precision int4",
-                           f"drop {flag.split('/')[0]}, or use --precision int8 or fp8")
+        raise QdqError(f"{option('int4_method', 'awq')} searches scales on calibration data, and none was given",
+                       f"pass {option('calib', 'DATA.npz', literal=False)}, or {option('int4_method', 'rtn')} "
+                       f"(round to nearest, no data)")
+    for what, _, _ in _asked_data(cfg):
+        raise QdqError(f"{what} applies to INT8 and FP8 activations, not to {option('precision', 'int4')}",
+                       f"drop {what}, or use {option('precision', 'int8')} or fp8")
+
+
+def _nothing_int4(loaded: io.Loaded, plan: Plan, cfg: QuantizeConfig) -> QdqError:
+    """The error for an INT4 plan that quantizes no weight: the model has no GEMM with a constant 2-D
+    weight, or the plan kept every one float (why, by rule, and how to overrule it)."""
+    other = f"use {option('precision', 'int8')} or fp8 for this model"
+    targets = [t.node for t in int4_targets(loaded.graph)]
+    if not targets:
+        return QdqError("no MatMul or Gemm weight to quantize to INT4 (INT4 is weight-only, for GEMMs with a "
+                        "constant 2-D weight)", other)
+    kept = [plan.decisions[n] for n in targets if n in plan.decisions and not plan.decisions[n].quantized]
+    if not kept:
+        return QdqError(f"the plan quantizes none of the {len(targets)} MatMul/Gemm weight(s) to INT4", other)
+    d = kept[0]
+    names = ", ".join(k.node for k in kept[:3]) + (", ..." if len(kept) > 3 else "")
+    what = f"the model's {len(targets)} MatMul/Gemm weight(s) ({names})" if len(kept) == len(targets) else \
+        f"{len(kept)} of the model's {len(targets)} MatMul/Gemm weights ({names})"
+    reason = d.reason.split(" -> float: ")[-1] if " -> float: " in d.reason else d.reason
+    if d.rule == "user-exclude":
+        yours = ", ".join(dict.fromkeys(k.reason for k in kept if k.rule == "user-exclude"))
+        return QdqError(f"no MatMul or Gemm weight is left to quantize to INT4: {what} excluded by {yours}",
+                        f"drop {'that exclusion' if ', ' not in yours else 'those exclusions'}, or {other}")
+    rule = load_ruleset(cfg.rules, cfg.precision, cfg.target).by_id.get(d.rule)
+    pattern = "|".join(re.escape(k.node) for k in kept[:3])
+    fix = (f"pass {option('include_nodes', repr(pattern), literal=False)} to quantize "
+           f"{'it' if len(kept) == 1 else 'them'} anyway ({d.rule} is advisory), or {other}"
+           if rule is not None and getattr(rule, "advisory", False) else other)
+    gemv = " as a GEMV" if "GEMV" in d.reason else ""
+    return QdqError(f"no MatMul or Gemm weight is left to quantize to INT4: {what} excluded{gemv} by {d.rule} "
+                    f"({reason})", fix)
 
 
 def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: QuantizeConfig,
@@ -268,9 +321,9 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
         chosen = {name for s in plan.weight_sites() for name, _ in s.edges}
         excluded = frozenset(t.node for t in int4_targets(loaded.graph) if t.node not in chosen)
         if not chosen - excluded:
-            raise QdqError("no MatMul or Gemm weight to quantize to INT4 (INT4 is weight-only, for GEMMs "
-                           "with a constant 2-D weight)", "use --precision int8 or fp8 for this model")
+            raise _nothing_int4(loaded, plan, cfg)
     with report.stage("int4 weights"):
+        assert cfg.block_size is not None and cfg.int4_method is not None, "QuantizeConfig fills INT4's defaults"
         int4 = quantize_int4_weights(loaded, block_size=cfg.block_size, method=cfg.int4_method, data=data,
                                      exclude=excluded)
         report.add([int4])
@@ -284,7 +337,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
     provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
     model_out, final = _deploy(loaded, provenance, cfg, data, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target, cfg.gpu)
+        _predict(final, report, cfg.target, cfg.gpu, cfg.precision)
     return Result(model_out, plan, report, cfg)
 
 
@@ -495,12 +548,17 @@ def _check_raised(model: proto.ModelProto, high_precision: str, report: InsertRe
                            f"({first}); the written model declares the shapes inference finds")
 
 
-def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", gpu: str | None = None) -> None:
+def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", gpu: str | None = None,
+             precision: str | None = None) -> None:
     """The simulator's prediction for the written model, into the report. A simulator failure
-    must not cost the user the model: it becomes a warning naming the error."""
+    must not cost the user the model: it becomes a warning naming the error. `precision`: what
+    the run asked for, which names a model with no Q/DQ (nothing quantized) in the summary."""
     try:
         with step("quantized engine"):
             sim = simulate(loaded.graph, target=target)
+            view = GraphView(loaded.graph)
+            if precision and not any(view.vocab.is_(n, "quant") for n in view.nodes):
+                sim.quantized = label(precision)
             report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
         with step("float engine"):                 # the FP16 engine of the same model, for the speed line
             float_graph = loaded.graph.copy()

@@ -258,7 +258,7 @@ class InsertReport(RunLog):
             lines.append(f"{compiler} prediction: {t['layers']} layers, {t['int8_layers']} {q}, {t['float_layers']} "
                          f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "
                          f"{q} FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)")
-            lines += _reformat_lines(t.get("inner_reformats", []), max_examples)
+            lines += _reformat_lines(t.get("inner_reformats", []), max_examples, q)
             if t.get("speed"):
                 lines.append(f"speed: {t['speed']}")
         if self.fallback:
@@ -283,9 +283,9 @@ def _pct(share: float) -> str:
     return f"{100 * share:.2g}%" if share < 0.001 else f"{100 * share:.1f}%"
 
 
-def _reformat_lines(found: list[dict], max_examples: int) -> list[str]:
+def _reformat_lines(found: list[dict], max_examples: int, quantized: str = "INT8") -> list[str]:
     """The reformats inside the network, grouped by the rule that made them and the op before them,
-    with what removing one would cost."""
+    with what removing one would cost; `quantized` names the precision (INT8, FP8)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in found:
         groups[(r["rule"], r["after"], r["direction"])].append(r)
@@ -293,8 +293,9 @@ def _reformat_lines(found: list[dict], max_examples: int) -> list[str]:
     for (rule, after, direction), rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         shares = [r["region_flops_share"] for r in rs]
         names = ", ".join(r["name"] for r in rs[:max_examples]) + (", ..." if len(rs) > max_examples else "")
-        cost = (f"removing one floats the INT8 region behind it ({_pct(min(shares))}-{_pct(max(shares))} of FLOPs)"
-                if max(shares) > 0 else "no INT8 compute behind it")
+        cost = (f"removing one floats the {quantized} region behind it ({_pct(min(shares))}-{_pct(max(shares))} "
+                f"of FLOPs)" if max(shares) > 0 else f"no {quantized} compute behind it")
+        direction = direction.replace("int8", quantized.lower())
         lines.append(f"  {len(rs)} reformat(s) {direction}{' after ' + after if after else ''}, {rule}: "
                      f"{rs[0]['reason']}; {cost}  [{names}]")
     return lines

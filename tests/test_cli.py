@@ -117,7 +117,7 @@ def test_no_calibration_refused_and_random_warns(model_and_data, capsys):
     assert "random data" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args,words", [(["--calib", "random", "--smooth-quant"], "needs calibration data"),
+@pytest.mark.parametrize("args,words", [(["--calib", "random", "--smooth-quant"], "on calibration data, and --calib random is not data"),
                                         (["--smooth-quant", "2"], "--smooth-quant must be at most 1")])
 def test_bad_smooth_quant_is_one_line_and_writes_nothing(model_and_data, capsys, args, words):
     mp, dp = model_and_data

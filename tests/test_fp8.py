@@ -139,7 +139,7 @@ def test_checks_name_fp8_specific_faults():
 
 
 def test_fp8_rejects_int8_only_recipes_in_one_line():
-    with pytest.raises(QdqError, match="--output-aware on chooses INT8 ranges"):
+    with pytest.raises(QdqError, match="output_aware=True chooses INT8 ranges"):
         qdqgraph.QuantizeConfig(precision="fp8", output_aware=True)
     with pytest.raises(QdqError, match="unknown precision"):
         qdqgraph.QuantizeConfig(precision="fp4")

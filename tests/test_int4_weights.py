@@ -218,7 +218,7 @@ def test_k_not_divisible_names_the_node_and_block_sizes_that_fit():
     with pytest.raises(QdqError) as e:
         quantized(matmul_model(k=96), block_size=64)
     msg = str(e.value)
-    assert "fc" in msg and "K=96" in msg and "64" in msg and "--block-size 32 or 16" in msg
+    assert "fc" in msg and "K=96" in msg and "64" in msg and "block_size=32 or 16" in msg
 
 
 def test_requests_it_cannot_serve_raise():

@@ -106,9 +106,9 @@ def test_without_ray_the_flag_is_one_line_naming_the_extra(tmp_path, monkeypatch
 
 def test_what_ray_cannot_do_is_refused_before_any_work(tmp_path, capsys):
     for bad in ("", "  ", 5):
-        with pytest.raises(qdqgraph.QdqError, match="--ray takes a Ray address"):
+        with pytest.raises(qdqgraph.QdqError, match="ray= takes a Ray address"):
             qdqgraph.QuantizeConfig(ray=bad)
-    with pytest.raises(qdqgraph.QdqError, match="--ray runs onnxruntime on the CPUs"):
+    with pytest.raises(qdqgraph.QdqError, match="ray= runs onnxruntime on the CPUs"):
         qdqgraph.QuantizeConfig(ray="local", providers=("CUDAExecutionProvider",))
     assert main(["calibrate", "--merge", str(tmp_path / "a.state"), "-o", str(tmp_path / "c.json"), "--ray"]) == 2
     assert "--merge runs no calibration" in capsys.readouterr().err

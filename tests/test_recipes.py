@@ -233,7 +233,7 @@ def test_output_aware_needs_real_data_and_stays_off_for_a_cnn():
 
 
 def test_output_aware_and_smooth_quant_are_one_choice():
-    with pytest.raises(qdqgraph.QdqError, match="--smooth-quant"):
+    with pytest.raises(qdqgraph.QdqError, match="output_aware=True and smooth_quant= both"):
         QuantizeConfig(output_aware=True, smooth_quant=0.5)
 
 
@@ -245,7 +245,7 @@ def test_int8_attention_on_and_off(mode):
     assert d["qk"].quantized == d["pv"].quantized == (mode == "on")
     assert r.report.attention["gemms"] == 2 and r.report.attention["int8"] == (mode == "on")
     if mode == "off":
-        assert "--int8-attention off" in d["qk"].reason
+        assert "int8_attention='off'" in d["qk"].reason          # the API's words
 
 
 @pytest.mark.parametrize("allowed,int8", [(100.0, True), (-100.0, False)])
@@ -263,7 +263,7 @@ def test_int8_attention_auto_follows_the_measured_cost(monkeypatch, allowed, int
 
 
 def test_int8_attention_is_a_checked_option():
-    with pytest.raises(qdqgraph.QdqError, match="int8-attention"):
+    with pytest.raises(qdqgraph.QdqError, match="int8_attention="):
         QuantizeConfig(int8_attention="maybe")
     assert config_module.ATTENTION_MODES == ("auto", "on", "off")
 

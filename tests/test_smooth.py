@@ -71,7 +71,7 @@ def test_smoothing_brings_int8_closer_to_float_on_outlier_channels():
         assert sqnr(r, s) > sqnr(r, p) + 6, (sqnr(r, p), sqnr(r, s))
 
 
-@pytest.mark.parametrize("calib,alpha,words", [("random", 0.5, "needs calibration data"),
+@pytest.mark.parametrize("calib,alpha,words", [("random", 0.5, "on calibration data, and calib=.random. is not data"),
                                                (None, 1.5, "must be at most 1")])
 def test_smooth_quant_refuses_bad_input(calib, alpha, words):
     with pytest.raises(QdqError, match=words.replace("[", r"\[").replace("]", r"\]")):

@@ -15,9 +15,10 @@ import sys
 import threading
 import traceback
 import warnings
+from contextlib import contextmanager
 
 from ..graph import outputs
-from ..errors import QdqError
+from ..errors import QdqError, cli_words
 from . import build, calibrate, compare, estimate, example, fix, insert, report, strip
 from .args import Formatter, Parser, UsageError
 from .messages import reset, warn
@@ -48,6 +49,28 @@ def _quiet_onnxruntime() -> None:
     except ImportError:  # pragma: no cover - a dependency
         return
     ort.set_default_logger_severity(3)
+
+
+@contextmanager
+def _quiet_graphsurgeon(debug: bool):
+    """onnx-graphsurgeon prints its notes (`[W] Could not convert: BFLOAT16 ...`) on stdout, which
+    holds only qdqgraph's own lines (the summary, or nothing with --quiet): within a run they are
+    dropped, or with --debug written to stderr. Its critical messages still raise."""
+    try:
+        from onnx_graphsurgeon.logger import G_LOGGER
+    except ImportError:  # pragma: no cover - a dependency
+        yield
+        return
+
+    def to_stderr(message, severity, mode=None, stack_depth=2):
+        if debug and severity >= G_LOGGER.WARNING:
+            text = message() if callable(message) else message
+            print(f"qdqgraph: debug: onnx-graphsurgeon: {text}", file=sys.stderr)
+    G_LOGGER.log = to_stderr                         # its warning() and friends call self.log
+    try:
+        yield
+    finally:
+        del G_LOGGER.log                             # the class's own method again
 
 
 class Terminated(KeyboardInterrupt):
@@ -86,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"unrecognized arguments: {' '.join(extra)}", f"see `qdqgraph {args.command} --help`")
         if args.command != "example":
             _quiet_onnxruntime()
-        return args.run(args)
+        with cli_words(), _quiet_graphsurgeon(debug):
+            return args.run(args)
     except QdqError as e:
         if debug:                      # the traceback, then the same line and exit code as without --debug
             traceback.print_exc()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..graph import outputs, io
+from ..graph import io, outputs, proto
 from ..errors import QdqError
 from ..precisions.registry import precision
 from . import args as a
@@ -15,6 +15,10 @@ from .build import check_engine_args, build_and_check
 from ..execution.distributed import require
 from ..prepare import read_data
 from ..execution import evaluate
+from typing import Any
+import numpy as np
+from ..backends.profiles import from_flags
+from ..samples.data import InputSpec
 
 EXAMPLES = """examples:
   qdqgraph insert model.onnx --calib data.npz                    # writes model.qdq.onnx beside it
@@ -44,10 +48,12 @@ def add(sub) -> None:
     g.add_argument("--precision", default="int8", choices=list(a.PRECISIONS),
                    help="int8: INT8 activations and weights; fp8: FP8 E4M3 (Ada, Hopper and later); int4: INT4 "
                         "MatMul/Gemm weights in blocks, activations left in the float type")
-    g.add_argument("--block-size", type=int, default=a.DEFAULT_BLOCK_SIZE, metavar="N",
-                   help="int4: weights per scale along the reduction axis (must divide it)")
-    g.add_argument("--int4-method", default="awq", choices=list(a.INT4_METHODS),
-                   help="int4: rtn (round to nearest) or awq (activation-aware scale and clip search on --calib)")
+    g.add_argument("--block-size", type=int, metavar="N",
+                   help=f"int4: weights per scale along the reduction axis (must divide it) (default: "
+                        f"{a.DEFAULT_BLOCK_SIZE})")
+    g.add_argument("--int4-method", choices=list(a.INT4_METHODS),
+                   help="int4: rtn (round to nearest) or awq (activation-aware scale and clip search on --calib) "
+                        "(default: awq)")
     g.add_argument("--weights", default="int8", choices=list(a.WEIGHT_FORMATS),
                    help="int8: INT8 initializer + DequantizeLinear; qdq: float weight + Q->DQ")
     g.add_argument("--high-precision", default="fp16", choices=list(a.HIGH_PRECISIONS),
@@ -108,6 +114,45 @@ def write_result(result, args, out: Path, report_path, verify=None) -> list:
     return written
 
 
+# the flags that only say how to build the engine: (argparse dest, as written, its default)
+ENGINE_FLAGS = (("shapes", "--shapes", None), ("min_shapes", "--min/--minShapes", None),
+                ("opt_shapes", "--opt/--optShapes", None), ("max_shapes", "--max/--maxShapes", None),
+                ("max_batch", "--max-batch", None), ("backend", "--backend", "auto"),
+                ("compute_capability", "--compute-capability", None), ("layer_info", "--layer-info", None),
+                ("timing_cache", "--timing-cache", None), ("workspace", "--workspace", None))
+
+
+def refuse_engine_flags(args) -> None:
+    """Engine flags without --engine would be accepted and unused: one line instead (calibration
+    runs on the shapes of the data, and the written model keeps its own input shapes)."""
+    for dest, flag, default in ENGINE_FLAGS:
+        if getattr(args, dest, default) != default:
+            shapes = "shapes" in dest or dest == "max_batch"
+            what = ("sets the engine's optimization profile, and this run builds no engine (no --engine; "
+                    "calibration runs on the shapes of the --calib data)") if shapes else \
+                "is an engine build option, and this run builds no engine (no --engine)"
+            raise QdqError(f"{flag} {what}", f"add --engine MODEL.plan to build one, or drop {flag}")
+
+
+def check_shapes(args, config) -> None:
+    """--shapes / --min/--opt/--max, checked against the model's inputs before any work (the
+    engine is built after the model is written): their syntax, the input names, ranks and order."""
+    if not any(getattr(args, d) for d in ("shapes", "min_shapes", "opt_shapes", "max_shapes")):
+        return
+
+    graph = proto.load_bare(str(args.model)).graph
+    weights = {i.name for i in graph.initializer}
+    specs = []
+    for v in graph.input:
+        if v.name in weights or v.name in config.fixed:          # a fixed input leaves the written model
+            continue
+        t = v.type.tensor_type
+        shape: Any = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim) \
+            if t.HasField("shape") else None
+        specs.append(InputSpec(v.name, np.dtype(np.float32), shape))
+    from_flags(specs, args.shapes, args.min_shapes, args.opt_shapes, args.max_shapes)
+
+
 def run(args) -> int:
     config = a.config(args)                          # every option checked before any work
     a.at_least(args.verify, "--verify", 0)
@@ -126,6 +171,9 @@ def run(args) -> int:
         plan.output(args.engine, "--engine")
         plan.output(args.layer_info, "--layer-info")
         check_engine_args(args)
+        check_shapes(args, config)
+    else:
+        refuse_engine_flags(args)
     if config.providers:
         a.check_providers(config.providers)
     if config.ray:                                  # Ray missing: one line naming the extra, before any work

@@ -96,7 +96,7 @@ class FixReport(RunLog):
         if b and a:
             lines.append(f"TensorRT prediction: reformats inside the network {b['reformats_inside']} -> "
                          f"{a['reformats_inside']}, layers {b['int8_layers']}/{b['layers']} -> "
-                         f"{a['int8_layers']}/{a['layers']} {a.get('quantized', 'INT8')}, quantized FLOPs "
+                         f"{a['int8_layers']}/{a['layers']} {a.get('quantized') or 'quantized'}, quantized FLOPs "
                          f"{100 * b['int8_flops_share']:.1f}% -> {100 * a['int8_flops_share']:.1f}%")
         if self.output:
             lines.append(f"wrote {self.output}")

@@ -45,6 +45,8 @@ rows (alpha) and K * block_size * N per clip ratio (block Gram matrices).
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -54,7 +56,8 @@ import onnx_graphsurgeon as gs
 from ..graph import io, proto
 from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
-from ..errors import QdqError
+from ..errors import QdqError, option
+from ..calib.methods import safe_scales
 from ..ops import DEQUANTIZE
 from ..execution.runtime import float_activations
 from ..graph.view import GraphView
@@ -171,9 +174,11 @@ def _check_request(loaded: io.Loaded, block_size: int, method: str, data) -> Non
     if method not in METHODS:
         raise QdqError(f"unknown INT4 method {method!r}", f"use one of {', '.join(METHODS)}")
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
-        raise QdqError(f"INT4 block size must be a positive integer, got {block_size!r}", "use --block-size 128")
+        raise QdqError(f"INT4 block size must be a positive integer, got {block_size!r}",
+                       f"use {option('block_size', BLOCK_SIZES[0])}")
     if method == "awq" and data is None:
-        raise QdqError("INT4 method 'awq' needs calibration data", "pass --calib DATA, or use method 'rtn'")
+        raise QdqError("INT4 method 'awq' needs calibration data",
+                       f"pass {option('calib', 'DATA.npz', literal=False)}, or use method 'rtn'")
     opset = loaded.graph.opset
     if opset < MIN_OPSET:
         raise QdqError(f"INT4 blocked DequantizeLinear needs opset {MIN_OPSET}; the graph is at opset {opset}",
@@ -181,15 +186,35 @@ def _check_request(loaded: io.Loaded, block_size: int, method: str, data) -> Non
                        f"{MIN_OPSET} or newer")
 
 
+def block_sizes_for(ks) -> list[int]:
+    """Block sizes that divide every K in `ks`, largest first: those of BLOCK_SIZES that divide
+    their greatest common divisor, else its largest even divisors up to BLOCK_SIZES[0] (a block
+    holds an even number of INT4 values, two per byte); at most three; empty when it is odd."""
+    g = math.gcd(*(int(k) for k in ks))
+    usual = [b for b in BLOCK_SIZES if g % b == 0]
+    return (usual or [b for b in range(min(g, BLOCK_SIZES[0]), 1, -1) if g % b == 0 and b % 2 == 0])[:3]
+
+
 def _check_divisible(found: list[tuple[Target, gs.Node]], block_size: int) -> None:
-    """A QdqError naming the first target whose K is not a multiple of `block_size`."""
+    """A QdqError naming the first target whose K is not a multiple of `block_size`, and the block
+    sizes that divide every K (or why none does)."""
     bad = [t for t, _ in found if t.k % block_size]
     if not bad:
         return
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-    fits = [b for b in BLOCK_SIZES if all(t.k % b == 0 for t, _ in found)]
-    fix = (f"use --block-size {' or '.join(map(str, fits))} (they divide every K)" if fits else
-           f"use a --block-size that divides {bad[0].k}, or exclude the nodes whose K it does not divide")
+    ks = sorted({t.k for t, _ in found})
+    fits = block_sizes_for(ks)
+    every = f"K={ks[0]}" if len(ks) == 1 else f"every K: {', '.join(map(str, ks))}"
+    names = "|".join(re.escape(t.node) for t in bad[:3]) + ("|..." if len(bad) > 3 else "")
+    exclude = (f"exclude the nodes whose K {block_size} does not divide "
+               f"({option('exclude_nodes', repr(names), literal=False)})") if len(bad) < len(found) else ""
+    if fits:
+        fix = f"use {option('block_size', fits[0])}{''.join(f' or {b}' for b in fits[1:])} (each divides {every})"
+        fix += f", or {exclude}" if exclude else ""
+    else:
+        odd = f"K={ks[0]} is odd" if len(ks) == 1 else f"their greatest common divisor {math.gcd(*ks)} is odd"
+        fix = (f"no INT4 block size divides {every} ({odd}, and a block holds an even number of values); "
+               f"{exclude + ', or ' if exclude else ''}use {option('precision', 'int8')} or fp8")
     raise QdqError(f"{bad[0].node}: K={bad[0].k} (weight {bad[0].weight}) is not divisible by the INT4 block size "
                    f"{block_size}{more}", fix)
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import onnx_graphsurgeon as gs
 
+from ..precisions.formats import label
 from ..ops import DEQUANTIZE, QUANTIZE
 from ..passes.insert import Insertion, insert_qdq, planned_insertions
 from ..trtsim import SimReport, simulate
@@ -70,35 +71,35 @@ def _add(g: SimGraph, ins: Insertion) -> None:
         g.set_input(g.nodes[node], index, out)
 
 
-def region_nodes(report: SimReport, plan: Plan, rule: RegionRule,
-                 selection: Selection) -> tuple[tuple[str, str, str], ...]:
+def region_nodes(report: SimReport, plan: Plan, rule: RegionRule, selection: Selection,
+                 quantized: str = "INT8") -> tuple[tuple[str, str, str], ...]:
     """(node, rule id, why) for the quantized nodes of every region `rule` returns to float;
-    nodes the user forces in with --include-node stay."""
+    nodes the user forces in with --include-node stay. `quantized`: the precision's name (INT8, FP8)."""
     out = []
     for r in costly_regions(report, rule.max_flops_share):
         names = [n for n in r.nodes if n in plan.decisions and plan.decisions[n].quantized]
         if not names or any(selection.includes(n) for n in names):
             continue
         borders = ", ".join(x.name for x in r.inner_reformats)
-        why = (f"{rule.id}: its INT8 region holds {100 * r.flops_share:.2f}% of the FLOPs (at most "
+        why = (f"its {quantized} region holds {100 * r.flops_share:.2f}% of the FLOPs (at most "
                f"{100 * rule.max_flops_share:g}%) and costs {len(r.inner_reformats)} standalone reformat(s) "
                f"inside the network ({borders})")
         out += [(n, rule.id, why) for n in names]
     return tuple(out)
 
 
-NO_INT8 = "the plan runs no layer in INT8"
+NO_INT8 = "the plan runs no layer in "          # then the precision: INT8, FP8
 
 
-def no_int8_nodes(report: SimReport, plan: Plan, rule: RegionRule,
-                  selection: Selection) -> tuple[tuple[str, str, str], ...]:
+def no_int8_nodes(report: SimReport, plan: Plan, rule: RegionRule, selection: Selection,
+                  quantized: str = "INT8") -> tuple[tuple[str, str, str], ...]:
     """(node, rule id, why) for every quantized node when the prediction runs no layer in INT8: its
     Q/DQ would only be standalone reformats (a chain of tiny convs whose residual Adds the rules
     quantize); nodes the user forces in with --include-node stay."""
     s = report.summary
     if s["int8_layers"] or not s["reformats"]:
         return ()
-    why = (f"{NO_INT8} (its Q/DQ would only be {s['reformats']} standalone "
+    why = (f"{NO_INT8}{quantized} (its Q/DQ would only be {s['reformats']} standalone "
            f"reformat(s), {s['reformats_inside']} inside the network), so none are written")
     return tuple((n, rule.id, why) for n, d in sorted(plan.decisions.items())
                  if d.quantized and not selection.includes(n))
@@ -111,9 +112,10 @@ def refine(graph: gs.Graph, plan: Plan, ruleset: RuleSet, selection: Selection) 
     if rule is None or rule.max_flops_share <= 0 or not plan.activation_sites():
         return plan
     before = predict(graph, plan, ruleset.target)
-    nodes = region_nodes(before, plan, rule, selection)
+    quantized = label(ruleset.precision)
+    nodes = region_nodes(before, plan, rule, selection, quantized)
     if not nodes:
-        nodes = no_int8_nodes(before, plan, rule, selection)
+        nodes = no_int8_nodes(before, plan, rule, selection, quantized)
         # no INT8 layer: the Q/DQ are reformats and nothing else, whether inside the network or not
         return plan_placement(graph, ruleset, replace(selection, region_nodes=nodes)) if nodes else plan
     smaller = plan_placement(graph, ruleset, replace(selection, region_nodes=nodes))

@@ -68,6 +68,7 @@ class RuleSet:
     by_id: dict = field(default_factory=dict, compare=False)
     region: RegionRule | None = None      # the [[region]] rule in force (a user file's first)
     target: str = "tensorrt"              # the compiler the plan is for (its simulator rules judge P14)
+    precision: str = "int8"               # the precision it places (P14's reasons name it)
 
     def stage(self, n: int) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.stage == n)
@@ -181,4 +182,5 @@ def load_ruleset(extra: list[str | Path] | tuple = (), precision: str = "int8", 
     regions = [_region(t) for t in tables if t.kind == "region"]
     return RuleSet(exclusions=tuple(r for r in rules if r.is_exclusion),
                    rules=tuple(r for r in rules if not r.is_exclusion),
-                   by_id={r.id: r for r in rules}, region=regions[0] if regions else None, target=target)
+                   by_id={r.id: r for r in rules}, region=regions[0] if regions else None, target=target,
+                   precision=precision)

@@ -18,6 +18,8 @@ from ..config import ATTENTION_MAX_LOSS_DB, QuantizeConfig
 from ..samples.data import CalibrationData
 from ..passes.insert import insert_qdq
 from ..placement.plan import Plan
+from ..errors import option
+from ..precisions.formats import label
 from .sensitivity import measure
 from ..graph.view import GraphView
 
@@ -40,7 +42,7 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | No
         return (), info
     if cfg.int8_attention == "off":
         info["int8"] = False
-        return tuple((n, "attention: --int8-attention off") for n in gemms), info
+        return tuple((n, f"attention: {option('int8_attention', 'off')}") for n in gemms), info
     if data is None:
         info.update(int8=True, why="no calibration data to measure its cost")
         return (), info
@@ -58,6 +60,7 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | No
                 loss_db=round(float(loss), 2), samples=sens.samples, int8=bool(loss <= ATTENTION_MAX_LOSS_DB))
     if info["int8"]:
         return (), info
-    why = (f"attention: INT8 attention costs {loss:.1f} dB output SQNR ({sens.all_int8_db:.1f} -> "
-           f"{floated_db:.1f} dB with it float, over {ATTENTION_MAX_LOSS_DB:g} dB allowed; --int8-attention on keeps it)")
+    why = (f"attention: {label(cfg.precision)} attention costs {loss:.1f} dB output SQNR ({sens.all_int8_db:.1f} -> "
+           f"{floated_db:.1f} dB with it float, over {ATTENTION_MAX_LOSS_DB:g} dB allowed; "
+           f"{option('int8_attention', 'on')} keeps it)")
     return tuple((n, why) for n in gemms), info

@@ -66,7 +66,8 @@ class SimReport:
     misses: dict = field(default_factory=dict)                # node -> {rule id: why it did not apply}
     shapes: dict = field(default_factory=dict)                # tensor -> shape, for the ONNX export
     final: tuple[SimGraph, SimRuleSet] | None = field(default=None, repr=False)  # (SimGraph after propagation, rule set)
-    quantized: str = "INT8"                                   # the Q/DQ's types: INT8, FP8, INT4, or "A+B"
+    quantized: str = "INT8"                                   # the Q/DQ's types: INT8, FP8, INT4, "A+B", or
+                                                              # "" (no Q/DQ)
     int4_weight_layers: int = 0                               # GEMM layers with INT4 weights (weight-only)
 
     @property
@@ -77,7 +78,7 @@ class SimReport:
     def formats(self) -> frozenset[str]:
         """The quantized formats the engine computes in (INT8, FP8, INT4); none for a float engine."""
         computes = self.summary["int8_layers"] or self.int4_weight_layers
-        return frozenset(self.quantized.split("+")) if computes else frozenset()
+        return frozenset(self.quantized.split("+")) if computes and self.quantized else frozenset()
 
     @property
     def summary(self) -> dict:
@@ -132,8 +133,11 @@ class SimReport:
         """One line per layer: kind, precision in -> out, rule, FLOPs share, fused nodes; the
         reasons under each reformat; the summary last."""
         rows = [("#", "kind", "in -> out", "rule", "flops", "layer")]
+        # the simulator marks every quantized tensor "int8"; the listing names the model's one format
+        shown = {"int8": self.quantized.lower()} if self.quantized in ("FP8",) else {}
         for i, x in enumerate(self.layers):
-            prec = f"{','.join(p.precision for p in x.inputs)} -> {','.join(p.precision for p in x.outputs)}"
+            prec = (f"{','.join(shown.get(p.precision, p.precision) for p in x.inputs)} -> "
+                    f"{','.join(shown.get(p.precision, p.precision) for p in x.outputs)}")
             name = x.name if len(x.name) <= width else x.name[:width - 3] + "..."
             rows.append((str(i), x.kind + ("*" if x.reformat and x.at_graph_io else ""), prec, x.rule,
                          f"{100 * x.flops_share:.1f}%" if x.flops else "", name))
@@ -146,7 +150,7 @@ class SimReport:
                 for rule, why in above.why:
                     lines.append(" " * (widths[0] + 2) + f"- {rule}: {why}")
         s = self.summary
-        q = self.quantized
+        q = self.quantized or "quantized"
         if s["int4_weight_layers"]:
             lines.append(f"{s['int4_weight_layers']} GEMM layers with INT4 weights (weight-only: they run in "
                          f"the float type of their activations)")

@@ -75,13 +75,14 @@ def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | No
 
 def quantized_types(g: SimGraph) -> str:
     """The quantized types the graph's Q/DQ carry, by their zero points (TRT_RULES C2): "INT8",
-    "FP8", "INT4", or several joined by "+" (INT8 when no zero point says otherwise)."""
+    "FP8", "INT4", or several joined by "+" (INT8 when no zero point says otherwise); "" for a
+    graph without Q/DQ (no precision to name)."""
     found = set()
     for n in g.nodes.values():
         if n.role not in (Q, DQ):
             continue
         found.add(quantized_label(n.qp.zero_point if n.qp is not None else None))
-    return "+".join(sorted(found)) if found else "INT8"
+    return "+".join(sorted(found))
 
 
 def _layer(g: SimGraph, b: LayerBuild, trace: Trace) -> Layer:
