@@ -162,6 +162,20 @@ def read(graph: gs.Graph) -> Facts:
     QdqError for what fix cannot keep: no Q/DQ at all, operator-style quantization, a scale that is
     0, negative or not finite, INT4, a DQ of a non-constant no Q makes, a Q read by anything but DQs."""
     view = GraphView(graph)
+    _check_quantized(view)
+    facts = Facts(named=io.name_nodes(graph))
+    view = GraphView(graph)
+    _check_q_pairs(view)
+    for dq in (n for n in view.nodes if view.vocab.is_(n, "dequantize")):
+        facts.edges += _edges(view, graph, dq, _read_dq(view, dq), facts)
+    facts.precision = _precision(facts)
+    weights = [f for _, _, f in facts.edges if f.kind == "weight"]
+    facts.qdq_weights = bool(weights) and all(f.float_weight for f in weights)
+    return facts
+
+
+def _check_quantized(view: GraphView) -> None:
+    """A QdqError unless the graph is QDQ-quantized: no operator-style quantization, some Q or DQ."""
     other = operator_style(view)
     if other:
         raise QdqError(f"the model holds {', '.join(other)} (operator-style quantization, which TensorRT rejects "
@@ -170,8 +184,10 @@ def read(graph: gs.Graph) -> Facts:
     if not any(view.vocab.is_(n, "dequantize") or view.vocab.is_(n, "quantize") for n in view.nodes):
         raise QdqError("the model holds no QuantizeLinear or DequantizeLinear: there is nothing to fix",
                        "quantize a float model with `qdqgraph insert MODEL --calib DATA`")
-    facts = Facts(named=io.name_nodes(graph))
-    view = GraphView(graph)
+
+
+def _check_q_pairs(view: GraphView) -> None:
+    """A QdqError for the first QuantizeLinear read by anything but DequantizeLinears (or a graph output)."""
     for q in (n for n in view.nodes if view.vocab.is_(n, "quantize")):
         readers = view.consumers(q.outputs[0])
         if view.is_graph_output(q.outputs[0]) or any(not view.vocab.is_(c, "dequantize") for c, _ in readers):
@@ -180,16 +196,16 @@ def read(graph: gs.Graph) -> Facts:
             raise QdqError(f"QuantizeLinear '{q.name}' feeds {what}, not a DequantizeLinear: fix reads Q -> DQ "
                            f"pairs (a model that hands INT8 tensors on cannot be re-placed)",
                            "export the model with a DequantizeLinear after every QuantizeLinear")
-    for dq in (n for n in view.nodes if view.vocab.is_(n, "dequantize")):
-        facts.edges += _edges(view, graph, dq, _read_dq(view, dq), facts)
+
+
+def _precision(facts: Facts) -> str:
+    """The one precision ("int8" or "fp8") of the non-bias facts, int8 when there are none; a QdqError
+    when they mix."""
     kinds = {("fp8" if f.qtype == F8 else "int8") for _, _, f in facts.edges if f.kind != "bias"}
     if len(kinds) > 1:
         raise QdqError("the model holds both INT8 and FP8 Q/DQ: fix rewrites one precision at a time",
                        "quantize its float version with `qdqgraph insert --precision int8` or `fp8`")
-    facts.precision = kinds.pop() if kinds else "int8"
-    weights = [f for _, _, f in facts.edges if f.kind == "weight"]
-    facts.qdq_weights = bool(weights) and all(f.float_weight for f in weights)
-    return facts
+    return kinds.pop() if kinds else "int8"
 
 
 def _edges(view: GraphView, graph: gs.Graph, dq, f: Fact, facts: Facts) -> list[tuple[object, int, Fact]]:

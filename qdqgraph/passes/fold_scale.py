@@ -36,43 +36,72 @@ def producer_path(view: GraphView, t: gs.Tensor, limit: int = MAX_PATH):
     2-D weight, or a Mul by a constant vector over the last axis (the gamma of a LayerNorm written
     out as ops); None when there is none. The column order through reshapes is not proved here:
     callers that scale per channel check it."""
-    biases = []
+    biases: list[gs.Tensor] = []
     cur = t
     for _ in range(limit):
         p = view.producer(cur)
         if p is None:
             return None
-        if view.vocab.is_(p, "matmul") or view.vocab.is_(p, "gemm"):
-            k = _k_axis(view, p)
-            if k is not None:
-                if view.vocab.is_(p, "gemm") and len(p.inputs) > 2 and p.inputs[2] is not None and p.inputs[2].name:
-                    if view.constant_value(p.inputs[2]) is None:
-                        return None
-                    biases.append(p.inputs[2])
-                return p, 1, 1 - k, biases
-            if not view.vocab.is_(p, "matmul") or any(view.is_constant(x) for x in p.inputs[:2]):
-                return None
-            nxt = p.inputs[1]                          # out[..., j] = A @ B[..., j]
-        elif view.vocab.is_(p, "mul") and len(p.inputs) == 2:
-            const = [i for i, x in enumerate(p.inputs) if view.constant_value(x) is not None]
-            if len(const) != 1 or view.constant(p.inputs[const[0]]).ndim > 1:
-                return None
-            return p, const[0], -1, biases
-        elif view.vocab.is_(p, "layout"):
-            nxt = p.inputs[0]
-        elif view.vocab.is_(p, "add"):
-            const = [x for x in p.inputs if view.is_constant(x)]
-            var = [x for x in p.inputs if not view.is_constant(x)]
-            if len(const) != 1 or len(var) != 1:
-                return None
-            biases.append(const[0])
-            nxt = var[0]
-        else:
-            return None
+        layer, nxt = _path_step(view, p, biases)
+        if nxt is None:
+            return layer
         if not _single_use(view, nxt):
             return None
         cur = nxt
     return None
+
+
+def _path_step(view: GraphView, p: gs.Node, biases: list[gs.Tensor]):
+    """One step of producer_path back over the op `p`, adding the bias constants it passes to `biases`:
+    (the layer found, None), (None, the tensor to go on from), or (None, None) where no layer is found."""
+    if view.vocab.is_(p, "matmul") or view.vocab.is_(p, "gemm"):
+        return _gemm_step(view, p, biases)
+    if view.vocab.is_(p, "mul") and len(p.inputs) == 2:
+        return _vector_mul_layer(view, p, biases), None
+    if view.vocab.is_(p, "layout"):
+        return None, p.inputs[0]
+    if view.vocab.is_(p, "add"):
+        return None, _bias_add_input(view, p, biases)
+    return None, None
+
+
+def _gemm_step(view: GraphView, p: gs.Node, biases: list[gs.Tensor]):
+    """producer_path over a MatMul/Gemm: the layer when its weight is a constant 2-D matrix, else the
+    right operand of a MatMul of two activations (out[..., j] = A @ B[..., j])."""
+    k = _k_axis(view, p)
+    if k is not None:
+        return _gemm_layer(view, p, k, biases), None
+    if not view.vocab.is_(p, "matmul") or any(view.is_constant(x) for x in p.inputs[:2]):
+        return None, None
+    return None, p.inputs[1]
+
+
+def _gemm_layer(view: GraphView, p: gs.Node, k: int, biases: list[gs.Tensor]):
+    """The path's end at a MatMul/Gemm with a constant weight (reduction axis `k`), with a Gemm's
+    bias among the biases; None when that bias is not a constant."""
+    if view.vocab.is_(p, "gemm") and len(p.inputs) > 2 and p.inputs[2] is not None and p.inputs[2].name:
+        if view.constant_value(p.inputs[2]) is None:
+            return None
+        biases.append(p.inputs[2])
+    return p, 1, 1 - k, biases
+
+
+def _vector_mul_layer(view: GraphView, p: gs.Node, biases: list[gs.Tensor]):
+    """The path's end at a Mul by a constant scalar or vector over the last axis; None for another Mul."""
+    const = [i for i, x in enumerate(p.inputs) if view.constant_value(x) is not None]
+    if len(const) != 1 or view.constant(p.inputs[const[0]]).ndim > 1:
+        return None
+    return p, const[0], -1, biases
+
+
+def _bias_add_input(view: GraphView, p: gs.Node, biases: list[gs.Tensor]) -> gs.Tensor | None:
+    """The activation input of an Add of one constant (the bias, added to `biases`); None for another Add."""
+    const = [x for x in p.inputs if view.is_constant(x)]
+    var = [x for x in p.inputs if not view.is_constant(x)]
+    if len(const) != 1 or len(var) != 1:
+        return None
+    biases.append(const[0])
+    return var[0]
 
 
 def _scalar(view: GraphView, node: gs.Node) -> tuple[gs.Tensor, float] | None:

@@ -261,28 +261,41 @@ def _backbone(ctx, t: gs.Tensor, limit=6):
             return None
         if v.vocab.is_(p, "conv"):
             return p
-        nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
-        passthrough = (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue") or v.vocab.is_(p, "no_op")
-                       or ((v.vocab.is_(p, "add") or v.vocab.is_(p, "mul")) and len(nonconst) == 1))
-        if passthrough and len(nonconst) == 1:
-            t = nonconst[0]
-            continue
-        x = region_source(v.named(), t.name)      # t ends a decomposed activation (F2)
-        if x is None:
-            return None
-        x = v.tensors[x]
-        p = v.producer(x)
-        if p is None:
-            return None
-        if v.vocab.is_(p, "conv"):
-            return p
-        t = x if len(v.consumers(x)) == 1 else None
-        if t is None:       # x feeds the whole region: step over it to its producer's input
-            nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
-            if not (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue")) or len(nonconst) != 1:
-                return None
-            t = nonconst[0]
+        nxt = _passthrough_input(v, p)
+        conv, t = (None, nxt) if nxt is not None else _over_activation(v, t)
+        if t is None:
+            return conv
     return None
+
+
+def _passthrough_input(v, p: gs.Node) -> gs.Tensor | None:
+    """The one activation input of a BN, an epilogue op, a no-op, or an Add/Mul of a constant (ops a
+    conv pattern may hold after its Conv); None for another op."""
+    nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
+    passthrough = (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue") or v.vocab.is_(p, "no_op")
+                   or ((v.vocab.is_(p, "add") or v.vocab.is_(p, "mul")) and len(nonconst) == 1))
+    return nonconst[0] if passthrough and len(nonconst) == 1 else None
+
+
+def _over_activation(v, t: gs.Tensor):
+    """_backbone's step back over a decomposed activation (F2) that ends in `t`: (the Conv that makes
+    its input, None), (None, the tensor to go on from), or (None, None) where the pattern ends."""
+    x = region_source(v.named(), t.name)
+    if x is None:
+        return None, None
+    x = v.tensors[x]
+    p = v.producer(x)
+    if p is None:
+        return None, None
+    if v.vocab.is_(p, "conv"):
+        return p, None
+    if len(v.consumers(x)) == 1:
+        return None, x
+    # x feeds the whole region: step over it to its producer's input
+    nonconst = [i for i in p.inputs if i.name and not v.is_constant(i)]
+    if not (v.vocab.is_(p, "batchnorm") or v.vocab.is_(p, "epilogue")) or len(nonconst) != 1:
+        return None, None
+    return None, nonconst[0]
 
 
 def _ancestor_distances(ctx, t: gs.Tensor, limit=4000) -> dict[str, int]:

@@ -162,100 +162,168 @@ def lint(model, report: SimReport | None = None, region=None) -> list[Diagnostic
 
 
 def _graph_diagnostics(graph) -> list[Diagnostic]:
+    """The QDQ2xx findings read from the graph alone (all but QDQ209), node by node in graph order."""
     g = SimGraph.from_gs(graph)
-    v = g.vocab
     out: list[Diagnostic] = []
     for n in g.order():
-        if n.role in (Q, DQ):
-            out += _scale_check(n) + _int4_check(g, n)
-        if n.role == Q:
-            qs = [c for c, i in g.consumers(n.inputs[0]) if c.role == Q and i == 0]
-            if qs and qs[0] is n and len({q.params.key() for q in qs}) > 1:
-                out.append(Diagnostic("QDQ204", n.name, f"Qs {', '.join(q.name for q in qs)} on tensor {n.inputs[0]} "
-                                      "have different scales: they cannot merge, so none propagates (R5-c)",
-                                      "quantize each tensor once (P5) or give the Qs one scale (R7)"))
-            p = g.producer(n.inputs[0])
-            if p is not None and p.role == OP and (v.is_(p, "weighted") or v.is_(p, "batchnorm")):
-                dq_users = [c for dq, _ in g.consumers(n.outputs[0]) if dq.role == DQ
-                            for c, _ in g.consumers(dq.outputs[0])]
-                inner = [c for c in dq_users if c.role == OP and (v.is_(c, "batchnorm") or v.is_(c, "epilogue"))]
-                if inner:
-                    out.append(Diagnostic("QDQ201", n.name, f"Q/DQ between {p.name} ({p.op}) and {inner[0].name} "
-                                          f"({inner[0].op}) stops TensorRT folding/fusing them into one kernel",
-                                          "remove it and quantize after the activation (P4)"))
-        if n.role != OP:
-            continue
-        if v.is_(n, "operator_quant"):
-            out.append(Diagnostic("QDQ215", n.name, f"{n.op} is operator-style quantization, which TensorRT's ONNX "
-                                  "parser rejects (C1): no engine can be built from this model",
-                                  "export the model in QDQ format (onnxruntime: quant_format=QuantFormat.QDQ), or "
-                                  "quantize its float version with `qdqgraph insert`"))
-            continue
-        out += _attention_diagnostics(g, n)
-        acts = [t for t in g.data_inputs(n) if not _const_qdq(g, t)]
-        if v.is_(n, "add") and len(acts) == 2:
-            srcs = [_qdq_source(g, t) for t in acts]
-            if all(s is not None for s in srcs):
-                conv_side = [s for s in srcs if s[0] is not None and _conv_pattern(g, s[0].inputs[0]) is not None]
-                if conv_side:
-                    q = conv_side[0][0]
-                    out.append(Diagnostic("QDQ202", n.name, f"both inputs of the residual Add are quantized; the Q/DQ "
-                                          f"on the conv branch ({q.name}) blocks the Conv + Add fusion",
-                                          f"remove {q.name} and its DQ: quantize the skip input only (P6)"))
-        if v.is_(n, "concat"):
-            params = {}
-            for t in g.data_inputs(n):
-                s = _qdq_source(g, t)
-                if s is not None:
-                    params[s[1].name] = s[1].qp
-            params.update({c.name: c.qp for c, _ in g.consumers(n.outputs[0]) if c.role == Q})
-            if len({p.key() for p in params.values()}) > 1:
-                out.append(Diagnostic("QDQ203", n.name, f"the Concat group ({', '.join(sorted(params))}) has unequal "
-                                      "scales: TensorRT adds requantizes instead of one shared buffer (R6)",
-                                      "calibrate the inputs and output as one group and share one scale (P8)"))
-        if v.is_(n, "weighted") and len(n.inputs) > 2 and n.inputs[2]:
-            s = _qdq_source(g, n.inputs[2])
-            if s is not None:
-                out.append(Diagnostic("QDQ205", s[1].name, f"the bias of {n.name} is quantized",
-                                      "keep the bias float: TensorRT quantizes it to INT32 itself (P3)"))
-        biases = [t for t in n.inputs if t and _const_qdq(g, t)]
-        if v.is_(n, "add") and biases and len(acts) == 1 and _conv_pattern(g, acts[0]) is not None:
-            bias_dq = g.producer(biases[0])
-            assert bias_dq is not None      # _const_qdq: biases[0] is the output of a DQ
-            out.append(Diagnostic("QDQ205", bias_dq.name, f"the bias added by {n.name} is quantized",
-                                  "keep the bias float: TensorRT quantizes it to INT32 itself (P3)"))
+        out += [d for check in _checks_for(g, n) for d in check(g, n)]
     return out
 
 
-def _attention_diagnostics(g: SimGraph, n: SNode) -> list[Diagnostic]:
-    """QDQ210/QDQ211 for an attention block whose first GEMM is `n`."""
-    block = attention_block(g, n)
-    if block is None:
+def _checks_for(g: SimGraph, n: SNode) -> tuple:
+    """The checks that apply to `n`, in the order their findings are reported."""
+    if n.role == Q:
+        return _QDQ_CHECKS + _Q_CHECKS
+    if n.role == DQ:
+        return _QDQ_CHECKS
+    if n.role != OP:
+        return ()
+    return (_operator_quantization,) if g.vocab.is_(n, "operator_quant") else _OP_CHECKS
+
+
+def _scale_diagnostics(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ206/207/208/213: the scale and zero point of a Q or DQ (C2, C3)."""
+    return _scale_check(n)
+
+
+def _unmerged_qs(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ204: Qs on one tensor with unequal scales, reported at the first of them (R5-c, R7)."""
+    qs = [c for c, i in g.consumers(n.inputs[0]) if c.role == Q and i == 0]
+    if not (qs and qs[0] is n and len({q.params.key() for q in qs}) > 1):
         return []
+    return [Diagnostic("QDQ204", n.name, f"Qs {', '.join(q.name for q in qs)} on tensor {n.inputs[0]} "
+                       "have different scales: they cannot merge, so none propagates (R5-c)",
+                       "quantize each tensor once (P5) or give the Qs one scale (R7)")]
+
+
+def _qdq_inside_conv_fusion(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ201: a Q/DQ between a weighted op (or BN) and the BN or activation it would fuse with (P4, F8)."""
+    v = g.vocab
+    p = g.producer(n.inputs[0])
+    if p is None or p.role != OP or not (v.is_(p, "weighted") or v.is_(p, "batchnorm")):
+        return []
+    dq_users = [c for dq, _ in g.consumers(n.outputs[0]) if dq.role == DQ
+                for c, _ in g.consumers(dq.outputs[0])]
+    inner = [c for c in dq_users if c.role == OP and (v.is_(c, "batchnorm") or v.is_(c, "epilogue"))]
+    if not inner:
+        return []
+    return [Diagnostic("QDQ201", n.name, f"Q/DQ between {p.name} ({p.op}) and {inner[0].name} "
+                       f"({inner[0].op}) stops TensorRT folding/fusing them into one kernel",
+                       "remove it and quantize after the activation (P4)")]
+
+
+def _operator_quantization(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ215: an operator-style quantized op (QLinearConv, ConvInteger, ...), which the parser rejects (C1)."""
+    return [Diagnostic("QDQ215", n.name, f"{n.op} is operator-style quantization, which TensorRT's ONNX "
+                       "parser rejects (C1): no engine can be built from this model",
+                       "export the model in QDQ format (onnxruntime: quant_format=QuantFormat.QDQ), or "
+                       "quantize its float version with `qdqgraph insert`")]
+
+
+def _activations(g: SimGraph, n: SNode) -> list[str]:
+    """The data inputs of `n` that are not DQ(constant) or DQ(Q(constant))."""
+    return [t for t in g.data_inputs(n) if not _const_qdq(g, t)]
+
+
+def _quantized_conv_branch(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ202: a residual Add with both inputs quantized, one of them a conv branch (P6, F8)."""
+    acts = _activations(g, n)
+    if not (g.vocab.is_(n, "add") and len(acts) == 2):
+        return []
+    srcs = [_qdq_source(g, t) for t in acts]
+    if not all(s is not None for s in srcs):
+        return []
+    conv_side = [s for s in srcs if s[0] is not None and _conv_pattern(g, s[0].inputs[0]) is not None]
+    if not conv_side:
+        return []
+    q = conv_side[0][0]
+    return [Diagnostic("QDQ202", n.name, f"both inputs of the residual Add are quantized; the Q/DQ "
+                       f"on the conv branch ({q.name}) blocks the Conv + Add fusion",
+                       f"remove {q.name} and its DQ: quantize the skip input only (P6)")]
+
+
+def _unequal_concat_scales(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ203: a Concat whose quantized inputs and output do not share one scale (P8, R6)."""
+    if not g.vocab.is_(n, "concat"):
+        return []
+    params = {}
+    for t in g.data_inputs(n):
+        s = _qdq_source(g, t)
+        if s is not None:
+            params[s[1].name] = s[1].qp
+    params.update({c.name: c.qp for c, _ in g.consumers(n.outputs[0]) if c.role == Q})
+    if len({p.key() for p in params.values()}) <= 1:
+        return []
+    return [Diagnostic("QDQ203", n.name, f"the Concat group ({', '.join(sorted(params))}) has unequal "
+                       "scales: TensorRT adds requantizes instead of one shared buffer (R6)",
+                       "calibrate the inputs and output as one group and share one scale (P8)")]
+
+
+def _quantized_bias_input(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ205: the bias input (input 2) of a weighted op read through a DQ (P3)."""
+    if not (g.vocab.is_(n, "weighted") and len(n.inputs) > 2 and n.inputs[2]):
+        return []
+    s = _qdq_source(g, n.inputs[2])
+    if s is None:
+        return []
+    return [Diagnostic("QDQ205", s[1].name, f"the bias of {n.name} is quantized",
+                       "keep the bias float: TensorRT quantizes it to INT32 itself (P3)")]
+
+
+def _quantized_bias_add(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ205: a quantized constant added to a conv pattern's output as its bias (P3)."""
+    acts = _activations(g, n)
+    biases = [t for t in n.inputs if t and _const_qdq(g, t)]
+    if not (g.vocab.is_(n, "add") and biases and len(acts) == 1 and _conv_pattern(g, acts[0]) is not None):
+        return []
+    bias_dq = g.producer(biases[0])
+    assert bias_dq is not None      # _const_qdq: biases[0] is the output of a DQ
+    return [Diagnostic("QDQ205", bias_dq.name, f"the bias added by {n.name} is quantized",
+                       "keep the bias float: TensorRT quantizes it to INT32 itself (P3)")]
+
+
+def _attention_labels(g: SimGraph, block) -> dict[str, bool]:
+    """Whether each attention GEMM input (q, k, probabilities, v) is read through a DQ."""
     labels = {}
     for gemm, names in ((block.bmm1, ("q", "k")), (block.bmm2, ("probabilities", "v"))):
         for t, label in zip(gemm.inputs[:2], names if block.bmm2 is not gemm or block.probs_input == 0
                             else names[::-1]):
             p = g.producer(t) if t else None
             labels[label] = p is not None and p.role == DQ
-    softmax_q = [c for c, _ in g.consumers(block.softmax.outputs[0]) if c.role == Q]
+    return labels
+
+
+def _partial_attention(n: SNode, block, labels: dict[str, bool], softmax_q: list) -> list[Diagnostic]:
+    """QDQ210: an attention block quantized on some GEMM inputs or without the Softmax Q (P15, F10)."""
     done = [k for k, v in labels.items() if v]
+    if not (done and (len(done) < 4 or not softmax_q)):
+        return []
+    missing = [k for k, v in labels.items() if not v] + ([] if softmax_q else ["the Softmax output's Q"])
+    return [Diagnostic("QDQ210", n.name, f"the attention block {block.bmm1.name} -> {block.softmax.name} -> "
+                       f"{block.bmm2.name} is quantized on {', '.join(done)} but not on {', '.join(missing)}: "
+                       "TensorRT's fused INT8 attention needs Q/DQ on all four GEMM inputs, so the GEMMs run "
+                       "apart with reformats between them (F10)",
+                       "quantize q, k, the probabilities (fixed scale 1/127) and v, or none of them (P15)")]
+
+
+def _fp8_head_size(g: SimGraph, n: SNode, block, labels: dict[str, bool], softmax_q: list) -> list[Diagnostic]:
+    """QDQ212: a fully FP8-quantized attention whose head size FP8 attention cannot take (C9)."""
+    done = [k for k, v in labels.items() if v]
+    if not (len(done) == 4 and softmax_q and _zero_point_type(softmax_q[0]) == FP8.zero_point):
+        return []
+    shape = g.tensors[block.bmm1.inputs[0]].shape if block.bmm1.inputs[0] in g.tensors else None
+    h = shape[-1] if shape else None
+    low, high, step = FP8_HEAD_SIZES
+    if not isinstance(h, (int, np.integer)) or (low <= h <= high and h % step == 0):
+        return []
+    return [Diagnostic("QDQ212", n.name, f"FP8 attention with head size {h}: TensorRT's FP8 attention "
+                       f"takes 8 < head size <= 256, a multiple of 16, so the GEMMs run apart",
+                       "leave this attention's GEMMs in FP16 (rules/fp8.toml F8-attention-head-size)")]
+
+
+def _quantized_mask(g: SimGraph, block) -> list[Diagnostic]:
+    """QDQ211: a mask or bias added to the attention scores read through a DQ from outside the block (P15)."""
     out = []
-    if done and (len(done) < 4 or not softmax_q):
-        missing = [k for k, v in labels.items() if not v] + ([] if softmax_q else ["the Softmax output's Q"])
-        out.append(Diagnostic("QDQ210", n.name, f"the attention block {block.bmm1.name} -> {block.softmax.name} -> "
-                              f"{block.bmm2.name} is quantized on {', '.join(done)} but not on {', '.join(missing)}: "
-                              "TensorRT's fused INT8 attention needs Q/DQ on all four GEMM inputs, so the GEMMs run "
-                              "apart with reformats between them (F10)",
-                              "quantize q, k, the probabilities (fixed scale 1/127) and v, or none of them (P15)"))
-    if len(done) == 4 and softmax_q and _zero_point_type(softmax_q[0]) == FP8.zero_point:
-        shape = g.tensors[block.bmm1.inputs[0]].shape if block.bmm1.inputs[0] in g.tensors else None
-        h = shape[-1] if shape else None
-        low, high, step = FP8_HEAD_SIZES
-        if isinstance(h, (int, np.integer)) and not (low <= h <= high and h % step == 0):
-            out.append(Diagnostic("QDQ212", n.name, f"FP8 attention with head size {h}: TensorRT's FP8 attention "
-                                  f"takes 8 < head size <= 256, a multiple of 16, so the GEMMs run apart",
-                                  "leave this attention's GEMMs in FP16 (rules/fp8.toml F8-attention-head-size)"))
     members = {id(x) for x in block.nodes}
     for x in block.nodes:
         if x.role != OP or not g.vocab.is_(x, "add"):
@@ -267,3 +335,19 @@ def _attention_diagnostics(g: SimGraph, n: SNode) -> list[Diagnostic]:
                                       f"{x.name} is quantized", "keep the mask in float (P15)"))
     return out
 
+
+def _attention_diagnostics(g: SimGraph, n: SNode) -> list[Diagnostic]:
+    """QDQ210/QDQ212/QDQ211 for an attention block whose first GEMM is `n`."""
+    block = attention_block(g, n)
+    if block is None:
+        return []
+    labels = _attention_labels(g, block)
+    softmax_q = [c for c, _ in g.consumers(block.softmax.outputs[0]) if c.role == Q]
+    return (_partial_attention(n, block, labels, softmax_q) + _fp8_head_size(g, n, block, labels, softmax_q)
+            + _quantized_mask(g, block))
+
+
+_QDQ_CHECKS = (_scale_diagnostics, _int4_check)          # every Q and DQ
+_Q_CHECKS = (_unmerged_qs, _qdq_inside_conv_fusion)      # Qs only
+_OP_CHECKS = (_attention_diagnostics, _quantized_conv_branch, _unequal_concat_scales,
+              _quantized_bias_input, _quantized_bias_add)

@@ -35,26 +35,42 @@ def int8_regions(report: SimReport) -> list[Region]:
     output, joined where they read or write the same INT8 tensor (so the consumers of one Q are
     one region with its producer)."""
     members = [x for x in report.layers if not x.reformat and _int8_ports(x)]
+    regions = _join(members)
+    _attach_reformats(report.reformats, regions)
+    for r in regions:
+        r.flops_share = sum(x.flops_share for x in r.layers if x.int8)
+    return regions
+
+
+def _root(parent: list[int], i: int) -> int:
+    """The representative of `i` in the union-find forest `parent` (halving the path on the way)."""
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
+
+
+def _join(members: list[Layer]) -> list[Region]:
+    """`members` grouped into regions where they read or write the same INT8 tensor, in order of
+    each region's first layer."""
     parent = list(range(len(members)))
-
-    def find(i):
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
     first: dict[str, int] = {}            # int8 tensor -> the first member that reads or writes it
     for i, x in enumerate(members):
         for p in x.inputs + x.outputs:
             if p.precision == "int8":
-                parent[find(i)] = find(first.setdefault(p.tensor, i))
+                parent[_root(parent, i)] = _root(parent, first.setdefault(p.tensor, i))
     groups: dict[int, Region] = {}
     for i, x in enumerate(members):
-        groups.setdefault(find(i), Region([])).layers.append(x)
-    regions = list(groups.values())
+        groups.setdefault(_root(parent, i), Region([])).layers.append(x)
+    return list(groups.values())
+
+
+def _attach_reformats(reformats: list[Layer], regions: list[Region]) -> None:
+    """Add to each region the reformats that write its INT8 inputs (entries) and read its INT8
+    outputs (exits), in reformat order."""
     by_tensor_in = {p.tensor: r for r in regions for x in r.layers for p in x.inputs if p.precision == "int8"}
     by_tensor_out = {p.tensor: r for r in regions for x in r.layers for p in x.outputs if p.precision == "int8"}
-    for x in report.reformats:
+    for x in reformats:
         for p in x.outputs:
             r = by_tensor_in.get(p.tensor)
             if r is not None and x not in r.entries:
@@ -63,9 +79,6 @@ def int8_regions(report: SimReport) -> list[Region]:
             r = by_tensor_out.get(p.tensor)
             if r is not None and x not in r.exits:
                 r.exits.append(x)
-    for r in regions:
-        r.flops_share = sum(x.flops_share for x in r.layers if x.int8)
-    return regions
 
 
 def costly_regions(report: SimReport, max_share: float) -> list[Region]:
