@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from .precisions.formats import DEFAULT_PRECISION, OPSETS, label
 from .passes.base import PassResult
+from .passes.registry import DESCRIPTIONS, SummaryContext, report_fields
 from .execution.profile import Profile
 from .placement.plan import Plan
 
@@ -103,60 +104,17 @@ class InsertReport(RunLog):
 
     # ------------------------------------------------------------------ read from the passes
 
-    def _passes(self, name: str) -> list[PassResult]:
-        return [p for p in self.passes if p.name == name]
+    def __getattr__(self, name: str):
+        """A field a pass adds to the report (passes.registry.describe), read from the passes' results:
+        report.batchnorm_folded, report.precision, ..."""
+        fields = report_fields()
+        if name.startswith("__") or name not in fields:
+            raise AttributeError(name)
+        return fields[name](self._results(name))
 
-    def _last(self, name: str) -> PassResult | None:
-        found = self._passes(name)
-        return found[-1] if found else None
-
-    @property
-    def no_ops_removed(self) -> int:
-        return sum(p.count("removed") for p in self._passes("remove_no_ops"))
-
-    @property
-    def constants_folded(self) -> int:
-        return sum(p.count("folded") for p in self._passes("fold_constants"))
-
-    @property
-    def ifs_inlined(self) -> list[str]:
-        return [n for p in self._passes("inline_constant_ifs") for n in p["inlined"]]
-
-    @property
-    def batchnorm_folded(self) -> int:
-        return sum(p.count("folded") for p in self._passes("fold_batchnorm"))
-
-    @property
-    def batchnorm_kept(self) -> list[dict]:
-        return [{"node": n, "reason": r} for p in self._passes("fold_batchnorm") for n, r in p["kept"]]
-
-    @property
-    def fixed_inputs(self) -> dict:
-        p = self._last("fix_inputs")
-        return dict(p["fixed"]) if p else {}
-
-    @property
-    def smoothed(self) -> dict[str, list[str]]:
-        p = self._last("smooth")
-        return dict(p["smoothed"]) if p else {}
-
-    @property
-    def output_aware(self) -> dict | None:
-        p = self._last("output_aware")
-        return p.details if p else None
-
-    @property
-    def bias_corrected(self) -> int:
-        p = self._last("bias_correction")
-        return p.count("corrected") if p else 0
-
-    @property
-    def precision(self) -> dict | None:
-        p = self._last("float_islands")
-        if p is None:
-            return None
-        return {"high_precision": p["dtype"], "retyped_tensors": p["retyped"], "casts": p["casts"],
-                "dq_copies": p["dq_copies"], "kept_fp32": [{"node": n, "rule": r} for n, r in p["kept"]]}
+    def _results(self, field_name: str) -> list[PassResult]:
+        owner = next(n for n, d in DESCRIPTIONS.items() if field_name in d.fields)
+        return [p for p in self.passes if p.name == owner]
 
     # ------------------------------------------------------------------ output
 
@@ -165,8 +123,7 @@ class InsertReport(RunLog):
         out["passes"] = [p.to_dict() for p in self.passes]
         out["stages"] = {k: round(v, 4) for k, v in self.stages.items()}
         out["profile"] = self.profile.to_dict()
-        for name in ("no_ops_removed", "constants_folded", "ifs_inlined", "batchnorm_folded", "batchnorm_kept",
-                     "fixed_inputs", "smoothed", "bias_corrected", "precision", "output_aware", "int4"):
+        for name in report_fields():
             out[name] = getattr(self, name)
         return out
 
@@ -175,59 +132,78 @@ class InsertReport(RunLog):
 
     def summary(self, max_examples: int = 3, warnings: bool = True) -> str:
         """The lines the CLI prints; `warnings=False` leaves the warnings out (the CLI writes them
-        to stderr)."""
-        lines = []
+        to stderr). The report's own sections and the passes' (passes.registry.describe) in the
+        order of their positions; the cleaning passes share one line."""
         precision = (self.config or {}).get("precision", DEFAULT_PRECISION)
-        q = label(precision)
-        for r in self.repairs:
-            lines.append(f"repaired: {r}")
-        if self.opset_raised_from:
-            to, why = OPSETS[precision]
-            lines.append(f"opset raised from {self.opset_raised_from} to {to} ({why} needs it)")
-        if self.fixed_inputs:
-            fixed = ", ".join(f"{k}={v}" for k, v in self.fixed_inputs.items())
-            lines.append(f"fixed inputs: {fixed} (the written model no longer has them)")
-        inlined = self.ifs_inlined
-        if inlined:
-            lines.append(f"inlined: {len(inlined)} If node(s) with a constant condition "
-                         f"({', '.join(inlined[:max_examples])}{', ...' if len(inlined) > max_examples else ''})")
-        removed = f"{self.no_ops_removed} Identity/Dropout removed, " if self.no_ops_removed else ""
-        kept = self.batchnorm_kept
-        lines.append(f"cleaned: {removed}{self.constants_folded} constant nodes folded, "
-                     f"{self.batchnorm_folded} BatchNormalization folded, {len(kept)} kept")
-        for bn in kept[:max_examples]:
-            lines.append(f"  kept {bn['node']}: {bn['reason']}")
-        if self.samples:
-            lines.append(f"calibrated: {self.method} over {self.samples} samples in {self.calibration_seconds:.1f} s")
-        if self.int4:
-            i = self.int4
-            lines.append(f"INT4 weights: {i['weights']} MatMul/Gemm weights in blocks of {i['block_size']} "
-                         f"({i['method']}), {i['bytes_before'] / 2**20:.1f} MiB -> {i['bytes_after'] / 2**20:.1f} MiB; "
-                         f"activations stay in the float type")
-        else:
-            lines.append(f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ")
-        smoothed = self.smoothed
-        if smoothed:
-            n_weights = sum(len(v) for v in smoothed.values())
-            lines.append(f"smoothing: {len(smoothed)} activations migrate their outliers into {n_weights} weights")
-        oa = self.output_aware
-        if oa:
-            t = oa["tensors"]
-            n_smoothed = sum(1 for v in t.values() if v["smoothing"] != "none")
-            lines.append(f"output-aware scales: {len(t)} linear-layer inputs, {n_smoothed} smoothed "
-                         f"({len(oa['folded'])} folded into a LayerNorm or the producing layer, "
-                         f"{len(oa['multiplied'])} by an inserted Mul)")
-        a = self.attention
-        if a and a.get("gemms"):
-            if "loss_db" in a:
-                lines.append(f"attention: {a['gemms']} GEMMs {q if a['int8'] else 'float'}; {q} attention costs "
-                             f"{a['loss_db']:.1f} dB output SQNR ({a['all_int8_db']:.1f} dB all {q}, "
-                             f"{a['attention_float_db']:.1f} dB with it float; {a['max_loss_db']:g} dB allowed)")
-            else:
-                lines.append(f"attention: {a['gemms']} GEMMs {q if a['int8'] else 'float'} "
-                             f"(--int8-attention {a['mode']}{'; ' + a['why'] if a.get('why') else ''})")
-        if self.bias_corrected:
-            lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
+        ctx = SummaryContext(label(precision), precision, max_examples)
+        sections: list[tuple[int, list[str]]] = [
+            (0, [f"repaired: {r}" for r in self.repairs]), (5, self._opset_lines(precision)),
+            (40, self._calibration_lines()), (45, self._placement_lines()), (65, self._attention_lines(ctx)),
+            (80, self._op_lines(ctx)), (100, self._prediction_lines(ctx)), (110, self._fallback_lines(ctx)),
+            (120, [f"note: {n}" for n in self.notes])]
+        sections += self._pass_sections(ctx)
+        lines = [line for _, part in sorted(sections, key=lambda s: s[0]) for line in part]
+        lines += [f"warning: {w}" for w in (dict.fromkeys(self.warnings) if warnings else ())]
+        if self.output:
+            lines.append(f"wrote {self.output}")
+        return "\n".join(lines)
+
+    def _pass_sections(self, ctx: SummaryContext) -> list[tuple[int, list[str]]]:
+        """Each pass's lines at its position; the phrases of the cleaning passes, in run order, as the
+        one "cleaned:" line (with the lines under it) at theirs."""
+        by_name: dict[str, list[PassResult]] = {}
+        for r in self.passes:
+            by_name.setdefault(r.name, []).append(r)
+        out: list[tuple[int, list[str]]] = []
+        phrases, under, clean_order = [], [], None
+        for name, results in by_name.items():
+            d = DESCRIPTIONS.get(name)
+            if d is None:
+                continue
+            if d.lines is not None:
+                out.append((d.order, d.lines(results, ctx)))
+            if d.phrase is not None:
+                phrase, more = d.phrase(results, ctx)
+                phrases += [phrase] if phrase else []
+                under += more
+                clean_order = d.order
+        if clean_order is not None:
+            out.append((clean_order, [f"cleaned: {', '.join(phrases)}", *under]))
+        return out
+
+    def _opset_lines(self, precision: str) -> list[str]:
+        if not self.opset_raised_from:
+            return []
+        to, why = OPSETS[precision]
+        return [f"opset raised from {self.opset_raised_from} to {to} ({why} needs it)"]
+
+    def _calibration_lines(self) -> list[str]:
+        if not self.samples:
+            return []
+        return [f"calibrated: {self.method} over {self.samples} samples in {self.calibration_seconds:.1f} s"]
+
+    def _placement_lines(self) -> list[str]:
+        if not self.int4:
+            return [f"placed: {self.activation_sites} activation Q/DQ, {self.weight_sites} weight DQ"]
+        i = self.int4
+        return [f"INT4 weights: {i['weights']} MatMul/Gemm weights in blocks of {i['block_size']} "
+                f"({i['method']}), {i['bytes_before'] / 2**20:.1f} MiB -> {i['bytes_after'] / 2**20:.1f} MiB; "
+                f"activations stay in the float type"]
+
+    def _attention_lines(self, ctx: SummaryContext) -> list[str]:
+        a, q = self.attention, ctx.label
+        if not a or not a.get("gemms"):
+            return []
+        if "loss_db" in a:
+            return [f"attention: {a['gemms']} GEMMs {q if a['int8'] else 'float'}; {q} attention costs "
+                    f"{a['loss_db']:.1f} dB output SQNR ({a['all_int8_db']:.1f} dB all {q}, "
+                    f"{a['attention_float_db']:.1f} dB with it float; {a['max_loss_db']:g} dB allowed)"]
+        return [f"attention: {a['gemms']} GEMMs {q if a['int8'] else 'float'} "
+                f"(--int8-attention {a['mode']}{'; ' + a['why'] if a.get('why') else ''})"]
+
+    def _op_lines(self, ctx: SummaryContext) -> list[str]:
+        """The op table (quantized and skipped per op type) and the skipped nodes by rule."""
+        lines = []
         width = max([len(op) for op in self.ops] + [7])
         if self.ops:
             lines.append(f"  {'op':<{width}}  quantized  skipped")
@@ -238,45 +214,41 @@ class InsertReport(RunLog):
             by_rule[(s["op"], s["rule"], s["reason"])].append(s["node"])
         if by_rule:
             lines.append("skipped (op, rule: reason):")
-            for (op, rule, reason), nodes in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-                ex = ", ".join(nodes[:max_examples]) + (f", ... ({len(nodes)} in all)" if len(nodes) > max_examples else "")
-                lines.append(f"  {op} {rule}: {reason}  [{ex}]")
-        p = self.precision
-        if p and p["high_precision"] != "fp32":
-            hint = ("; in onnxruntime, run it in qdqgraph.session(model) (README, Deployment)"
-                    if precision == "fp8" else "")
-            lines.append(f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
-                         f"casts, {len(p['kept_fp32'])} nodes kept fp32){hint}")
-        compiler = "TensorRT for RTX" if (self.tensorrt or {}).get("target") == "tensorrt-rtx" else "TensorRT"
-        if self.tensorrt and self.int4:
-            t = self.tensorrt
-            lines.append(f"{compiler} prediction: {t['layers']} layers, {t.get('int4_weight_layers', 0)} GEMMs with INT4 "
-                         f"weights (weight-only: they run in the float type of their activations), "
-                         f"{t['reformats']} reformats")
-        elif self.tensorrt:
-            t = self.tensorrt
-            lines.append(f"{compiler} prediction: {t['layers']} layers, {t['int8_layers']} {q}, {t['float_layers']} "
-                         f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "
-                         f"{q} FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)")
-            lines += _reformat_lines(t.get("inner_reformats", []), max_examples, q)
-            if t.get("speed"):
-                lines.append(f"speed: {t['speed']}")
-        if self.fallback:
-            fb = self.fallback
-            where = " in the written model" if fb.get("measured") == "written model" else ""
-            lines.append(f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all {q} -> {fb['final_db']:.1f} dB{where} "
-                         f"with {len(fb['float_nodes'])} node(s) in float (budget {fb['budget_db']} dB, "
-                         f"max {fb['max_float_layers']}; {fb['samples']} samples, {fb['seconds']:.1f} s)")
-            for n in fb["float_nodes"]:
-                gain = next(r["gain_db"] for r in fb["ranking"] if r["node"] == n)
-                lines.append(f"  float: {n} (+{gain:.1f} dB alone)")
-        for n in self.notes:
-            lines.append(f"note: {n}")
-        for w in (dict.fromkeys(self.warnings) if warnings else ()):
-            lines.append(f"warning: {w}")
-        if self.output:
-            lines.append(f"wrote {self.output}")
-        return "\n".join(lines)
+        k = ctx.max_examples
+        for (op, rule, reason), nodes in sorted(by_rule.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            ex = ", ".join(nodes[:k]) + (f", ... ({len(nodes)} in all)" if len(nodes) > k else "")
+            lines.append(f"  {op} {rule}: {reason}  [{ex}]")
+        return lines
+
+    def _prediction_lines(self, ctx: SummaryContext) -> list[str]:
+        t, q = self.tensorrt, ctx.label
+        if not t:
+            return []
+        compiler = "TensorRT for RTX" if t.get("target") == "tensorrt-rtx" else "TensorRT"
+        if self.int4:
+            return [f"{compiler} prediction: {t['layers']} layers, {t.get('int4_weight_layers', 0)} GEMMs with INT4 "
+                    f"weights (weight-only: they run in the float type of their activations), "
+                    f"{t['reformats']} reformats"]
+        lines = [f"{compiler} prediction: {t['layers']} layers, {t['int8_layers']} {q}, {t['float_layers']} "
+                 f"float, {t['reformats']} reformats ({t['reformats_inside']} inside the network), "
+                 f"{q} FLOPs {100 * t['int8_flops_share']:.1f}% (qdqgraph report OUT.onnx for the layers)"]
+        lines += _reformat_lines(t.get("inner_reformats", []), ctx.max_examples, q)
+        if t.get("speed"):
+            lines.append(f"speed: {t['speed']}")
+        return lines
+
+    def _fallback_lines(self, ctx: SummaryContext) -> list[str]:
+        fb = self.fallback
+        if not fb:
+            return []
+        where = " in the written model" if fb.get("measured") == "written model" else ""
+        lines = [f"fallback: output SQNR {fb['all_int8_db']:.1f} dB all {ctx.label} -> {fb['final_db']:.1f} dB{where} "
+                 f"with {len(fb['float_nodes'])} node(s) in float (budget {fb['budget_db']} dB, "
+                 f"max {fb['max_float_layers']}; {fb['samples']} samples, {fb['seconds']:.1f} s)"]
+        for n in fb["float_nodes"]:
+            gain = next(r["gain_db"] for r in fb["ranking"] if r["node"] == n)
+            lines.append(f"  float: {n} (+{gain:.1f} dB alone)")
+        return lines
 
 
 def _pct(share: float) -> str:

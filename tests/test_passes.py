@@ -318,3 +318,28 @@ def test_a_pass_that_breaks_what_it_ensures_is_an_invariant_error(monkeypatch):
         leaves_qdq(loaded.graph)
     monkeypatch.setenv("QDQGRAPH_CHECK_PASSES", "0")         # users' runs: not checked
     leaves_qdq(loaded.graph)
+
+
+def test_the_report_knows_no_pass_by_name():
+    """report.py reads the passes' own descriptions (passes.registry.describe): no pass name is
+    spelled in it, so a new pass touches its own module only."""
+    from pathlib import Path
+    from qdqgraph.passes.registry import DESCRIPTIONS, PASSES
+    source = (Path(qdqgraph.__file__).parent / "report.py").read_text()
+    named = [n for n in set(PASSES) | set(DESCRIPTIONS) if f'"{n}"' in source or f"'{n}'" in source]
+    assert named == []
+
+
+def test_a_described_pass_shows_in_the_summary_and_the_json():
+    from qdqgraph.passes.base import result
+    from qdqgraph.passes.registry import DESCRIPTIONS, describe
+    from qdqgraph.report import InsertReport
+    describe("made_up_pass", 55, lines=lambda rs, ctx: [f"made up: {len(rs)} run(s) in {ctx.label}"],
+             fields={"made_up": lambda rs: sum(r.count("n") for r in rs)})
+    try:
+        report = InsertReport(config={"precision": "fp8"})
+        report.add([result("made_up_pass", True, n=3), result("made_up_pass", True, n=4)])
+        assert "made up: 2 run(s) in FP8" in report.summary().splitlines()
+        assert report.to_dict()["made_up"] == 7 and report.made_up == 7
+    finally:
+        del DESCRIPTIONS["made_up_pass"]

@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
 from .base import PassResult, result
-from .registry import Condition, declare
+from .registry import Condition, declare, describe
 
 
 def _bn_params(view, bn):
@@ -109,3 +109,20 @@ def fold_batchnorm(graph: gs.Graph) -> PassResult:
         folded.append(bn.name)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     return result("fold_batchnorm", bool(folded), folded=folded, kept=kept)
+
+
+def _bn_folded(results) -> int:
+    return sum(r.count("folded") for r in results)
+
+
+def _bn_kept(results) -> list[dict]:
+    return [{"node": n, "reason": r} for res in results for n, r in res["kept"]]
+
+
+def _bn_phrase(results, ctx) -> tuple[str, list[str]]:
+    kept = _bn_kept(results)
+    return (f"{_bn_folded(results)} BatchNormalization folded, {len(kept)} kept",
+            [f"  kept {bn['node']}: {bn['reason']}" for bn in kept[:ctx.max_examples]])
+
+
+describe("fold_batchnorm", 30, phrase=_bn_phrase, fields={"batchnorm_folded": _bn_folded, "batchnorm_kept": _bn_kept})

@@ -21,7 +21,7 @@ from ..execution.runtime import float_activations
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .insert import quantize_weight, weight_scales
-from .registry import declare
+from .registry import declare, describe
 
 
 def _targets(graph: gs.Graph, plan: Plan) -> list[tuple[gs.Node, Site]]:
@@ -91,3 +91,12 @@ def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray]) ->
             node.inputs.append(const)
         done.append(node.name)
     return result("bias_correction", bool(done), corrected=done)
+
+
+def _corrected(results) -> int:
+    return results[-1].count("corrected") if results else 0
+
+
+describe("bias_correction", 70, fields={"bias_corrected": _corrected},
+         lines=lambda rs, ctx: [f"bias correction: {_corrected(rs)} biases absorb the weight-quantization shift"]
+         if _corrected(rs) else [])

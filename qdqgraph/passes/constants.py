@@ -6,7 +6,7 @@ import onnx_graphsurgeon as gs
 
 from ..ops import CONSTANT, vocabulary
 from .base import PassResult, result
-from .registry import declare
+from .registry import declare, describe
 
 # Do not fold a subgraph whose result exceeds this (an Expand or Tile can blow up a model).
 FOLD_SIZE_LIMIT = 512 << 20
@@ -50,3 +50,11 @@ def _foldable(graph: gs.Graph) -> bool:
         if all(isinstance(t, gs.Constant) or (isinstance(t, gs.Variable) and not t.name) for t in n.inputs):
             return True
     return False
+
+
+def _folded(results) -> int:
+    return sum(r.count("folded") for r in results)
+
+
+describe("fold_constants", 30, phrase=lambda rs, ctx: (f"{_folded(rs)} constant nodes folded", []),
+         fields={"constants_folded": _folded})

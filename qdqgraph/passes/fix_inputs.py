@@ -23,7 +23,7 @@ import onnx_graphsurgeon as gs
 from ..errors import QdqError
 from ..ops import IDENTITY, vocabulary
 from .base import PassResult, result
-from .registry import Condition, declare
+from .registry import Condition, declare, describe
 
 
 def parse_fixed(spec: str) -> tuple[str, list]:
@@ -127,3 +127,28 @@ def inline_constant_ifs(graph: gs.Graph, choose: Callable[[gs.Node], bool] | Non
     if inlined:
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
     return result("inline_constant_ifs", bool(inlined), inlined=inlined)
+
+
+def _fixed(results) -> dict:
+    return dict(results[-1]["fixed"]) if results else {}
+
+
+def _fixed_lines(results, ctx) -> list[str]:
+    fixed = ", ".join(f"{k}={v}" for k, v in _fixed(results).items())
+    return [f"fixed inputs: {fixed} (the written model no longer has them)"] if fixed else []
+
+
+def _inlined(results) -> list[str]:
+    return [n for r in results for n in r["inlined"]]
+
+
+def _inlined_lines(results, ctx) -> list[str]:
+    inlined = _inlined(results)
+    if not inlined:
+        return []
+    more = ", ..." if len(inlined) > ctx.max_examples else ""
+    return [f"inlined: {len(inlined)} If node(s) with a constant condition ({', '.join(inlined[:ctx.max_examples])}{more})"]
+
+
+describe("fix_inputs", 10, lines=_fixed_lines, fields={"fixed_inputs": _fixed})
+describe("inline_constant_ifs", 20, lines=_inlined_lines, fields={"ifs_inlined": _inlined})

@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 from ..ops import inference_no_op
 from ..graph.view import GraphView
 from .base import PassResult, result
-from .registry import Condition, declare
+from .registry import Condition, declare, describe
 
 
 def _removable(view: GraphView, n: gs.Node) -> bool:
@@ -54,3 +54,11 @@ def remove_no_ops(graph: gs.Graph) -> PassResult:
     if removed:
         graph.cleanup(remove_unused_graph_inputs=False)
     return result("remove_no_ops", bool(removed), removed=removed)
+
+
+def _removed(results) -> int:
+    return sum(r.count("removed") for r in results)
+
+
+describe("remove_no_ops", 30, phrase=lambda rs, ctx: (f"{_removed(rs)} Identity/Dropout removed" if _removed(rs) else "", []),
+         fields={"no_ops_removed": _removed})

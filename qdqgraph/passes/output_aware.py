@@ -42,7 +42,7 @@ from ..graph.view import GraphView
 from .base import PassResult, result
 from .fold_scale import producer_path
 from .smooth import MAX_SCALE, _k_axis, targets
-from .registry import declare
+from .registry import declare, describe
 
 ALPHAS = (0.0, 0.5, 0.65, 0.8)
 CLIP_GRID = tuple(2.0 ** (-i / 2) for i in range(20))    # fractions of max|x|: 1 .. 0.0014, then
@@ -391,3 +391,21 @@ def _failed_folds(loaded: io.Loaded, pending: dict, first: dict, data: Calibrati
         if got.shape != want.shape or not np.allclose(got, want, rtol=1e-3, atol=1e-4 * (float(np.abs(want).max()) or 1.0)):
             failed[name] = pending[name]
     return failed
+
+
+def _details(results) -> dict | None:
+    return results[-1].details if results else None
+
+
+def _output_aware_lines(results, ctx) -> list[str]:
+    oa = _details(results)
+    if not oa:
+        return []
+    t = oa["tensors"]
+    n_smoothed = sum(1 for v in t.values() if v["smoothing"] != "none")
+    return [f"output-aware scales: {len(t)} linear-layer inputs, {n_smoothed} smoothed "
+            f"({len(oa['folded'])} folded into a LayerNorm or the producing layer, "
+            f"{len(oa['multiplied'])} by an inserted Mul)"]
+
+
+describe("output_aware", 60, lines=_output_aware_lines, fields={"output_aware": _details})

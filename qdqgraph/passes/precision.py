@@ -41,7 +41,7 @@ from ..rulebook.files import bundled, read_toml
 from ..execution.runtime import graph_session
 from ..graph.view import GraphView
 from .base import PassResult, result
-from .registry import QDQ_SOUND, declare
+from .registry import QDQ_SOUND, declare, describe
 
 F32 = np.dtype(np.float32)
 ISLAND_TYPES = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -420,3 +420,24 @@ def lower_float_islands(graph: gs.Graph, high_precision: str = "fp16", opset: in
                   rescaled_weights=t.rescaled_weights,
                   warnings=[f"scale {n} does not fit {t.dtype}; clamped to stay finite and > 0"
                             for n in t.clamped_scales])
+
+
+def _islands(results) -> dict | None:
+    if not results:
+        return None
+    p = results[-1]
+    return {"high_precision": p["dtype"], "retyped_tensors": p["retyped"], "casts": p["casts"],
+            "dq_copies": p["dq_copies"], "kept_fp32": [{"node": n, "rule": r} for n, r in p["kept"]]}
+
+
+def _islands_lines(results, ctx) -> list[str]:
+    p = _islands(results)
+    if not p or p["high_precision"] == "fp32":
+        return []
+    # onnxruntime's default session rewrites FP8 Q/DQ models into something else (README, Deployment)
+    hint = "; in onnxruntime, run it in qdqgraph.session(model) (README, Deployment)" if ctx.precision == "fp8" else ""
+    return [f"float islands: {p['high_precision']} ({p['retyped_tensors']} tensors retyped, {p['casts']} "
+            f"casts, {len(p['kept_fp32'])} nodes kept fp32){hint}"]
+
+
+describe("float_islands", 90, lines=_islands_lines, fields={"precision": _islands})

@@ -8,6 +8,10 @@ A pass function is declared with `@declare(name, requires=..., ensures=..., fixp
 - `fixpoint`: running the pass again on its own output changes nothing (tests/test_passes.py runs
   every declared graph-only pass twice).
 
+A pass also says how the run's report shows it (`describe(name, lines=..., phrase=..., fields=...)`):
+its summary lines, its phrase in the one "cleaned:" line of the cleaning passes, and the fields it adds
+to the JSON report. The report walks the results in run order and asks here; it knows no pass by name.
+
 The checks cost a walk of the graph each, so they run where QDQGRAPH_CHECK_PASSES=1 is set (the
 test suite sets it, so every pass run by any test is checked) and not in users' runs. A violation is
 an InvariantError naming the pass, the condition and the nodes: a bug in qdqgraph, not the model.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import onnx_graphsurgeon as gs
 
@@ -47,6 +51,46 @@ class PassInfo:
 
 
 PASSES: dict[str, PassInfo] = {}
+
+
+@dataclass(frozen=True)
+class SummaryContext:
+    label: str              # INT8, FP8, INT4: how the run names its quantized layers
+    precision: str
+    max_examples: int = 3
+
+
+Results = list[PassResult]
+
+
+# Where a pass's lines sit in the summary, among the report's own sections (report.SECTIONS):
+# repairs 0, opset 5, fixed inputs 10, inlined Ifs 20, cleaned 30, calibrated 40, placed 45,
+# smoothing 50, output-aware 60, attention 65, bias correction 70, op table 80, float islands 90,
+# prediction 100, fallback 110, notes 120.
+
+
+@dataclass(frozen=True)
+class Description:
+    order: int
+    lines: Callable[[Results, SummaryContext], list[str]] | None = None
+    phrase: Callable[[Results, SummaryContext], tuple[str, list[str]]] | None = None   # cleaning passes
+    fields: dict[str, Callable[[Results], Any]] = field(default_factory=dict)
+
+
+DESCRIPTIONS: dict[str, Description] = {}
+
+
+def describe(name: str, order: int, *, lines=None, phrase=None, fields: dict | None = None) -> None:
+    """How the report shows the results of pass `name`, at position `order` of the summary (the
+    cleaning passes' phrases share the one "cleaned:" line): `lines(results, ctx)` -> summary lines;
+    `phrase(results, ctx)` -> (a phrase of the "cleaned:" line, lines under it); `fields`: JSON report
+    key -> function of the results (called with [] where the pass did not run: give the empty value)."""
+    DESCRIPTIONS[name] = Description(order, lines, phrase, dict(fields or {}))
+
+
+def report_fields() -> dict[str, Callable[[Results], Any]]:
+    """Every JSON field the passes add, by key."""
+    return {k: f for d in DESCRIPTIONS.values() for k, f in d.fields.items()}
 
 
 def checking() -> bool:

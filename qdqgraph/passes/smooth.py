@@ -25,7 +25,7 @@ from ..placement.plan import Plan
 from ..execution.runtime import float_activations
 from ..graph.view import GraphView
 from .base import PassResult, result
-from .registry import declare
+from .registry import declare, describe
 
 DEFAULT_ALPHA = 0.5
 MAX_SCALE = 1e4            # s is clipped to [1/MAX_SCALE, MAX_SCALE]
@@ -117,3 +117,18 @@ def smooth(graph: gs.Graph, found: dict[str, list[gs.Node]], ranges: dict[str, n
     if smoothed:
         graph.toposort()
     return result("smooth", bool(smoothed), smoothed=smoothed, max_ratio=max_ratio)
+
+
+def _smoothed(results) -> dict[str, list[str]]:
+    return dict(results[-1]["smoothed"]) if results else {}
+
+
+def _smooth_lines(results, ctx) -> list[str]:
+    smoothed = _smoothed(results)
+    if not smoothed:
+        return []
+    n_weights = sum(len(v) for v in smoothed.values())
+    return [f"smoothing: {len(smoothed)} activations migrate their outliers into {n_weights} weights"]
+
+
+describe("smooth", 50, lines=_smooth_lines, fields={"smoothed": _smoothed})
