@@ -38,7 +38,7 @@ from .passes.precision import MIN_OPSET as PRECISION_OPSET, lower_float_islands,
 from .passes import output_aware
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
-from .placement.refine import NO_INT8
+from .recipes.small_regions import NO_INT8
 from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
 from .execution.profile import step
 from .report import InsertReport

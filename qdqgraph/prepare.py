@@ -22,7 +22,7 @@ from .passes.fix_inputs import fix_inputs, inline_constant_ifs
 from .passes.no_ops import remove_no_ops
 from .placement import load_ruleset, plan_placement
 from .placement.plan import Plan
-from .placement.refine import refine
+from .recipes.small_regions import refine
 from .execution.profile import step
 from .graph.view import GraphView
 
@@ -86,7 +86,7 @@ def _timed(run, loaded: io.Loaded) -> PassResult:
 
 def plan_for(loaded: io.Loaded, config: QuantizeConfig, float_nodes: tuple = ()) -> Plan:
     """The placement plan of the (cleaned) graph as it is now, small INT8 regions returned to float
-    (P14, qdqgraph.placement.refine); `float_nodes`: (node, why) the fallback returns to float."""
+    (P14, qdqgraph.recipes.small_regions); `float_nodes`: (node, why) the fallback returns to float."""
     ruleset = load_ruleset(config.rules, config.precision, config.target)
     selection = config.selection(float_nodes)
     with step("placement"):

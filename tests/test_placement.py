@@ -273,7 +273,7 @@ def _region_rule_file(tmp_path, share):
 def test_a_small_int8_region_behind_a_reformat_goes_back_to_float(tmp_path):
     """P14: the pooled Gemm head after a float Softmax holds under 0.1% of the FLOPs and could only
     be entered through a standalone Q; it runs float instead, and no reformat is left inside."""
-    from qdqgraph.placement.refine import predict
+    from qdqgraph.recipes.small_regions import predict
     loaded, plan = qdqgraph.prepare.prepare(motifs.small_head())
     for node in ("head", "gap"):
         d = plan.decisions[node]

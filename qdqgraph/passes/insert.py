@@ -2,7 +2,7 @@
 
 `planned_insertions` works out, without touching the graph, every node and tensor insertion will
 add (names, scales, INT8 weights); `insert_qdq` applies them to a graphsurgeon graph. The simulator
-applies the same list to its own graph to predict a plan (qdqgraph.placement.refine), so the
+applies the same list to its own graph to predict a plan (qdqgraph.recipes.small_regions), so the
 prediction sees exactly the names and parameters the written model will have.
 """
 from __future__ import annotations

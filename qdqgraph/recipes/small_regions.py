@@ -22,9 +22,9 @@ from ..trtsim.regions import costly_regions
 from ..trtsim.rules import load_sim_rules
 from ..trtsim.simulate import simulate_graph
 from ..graph.view import GraphView
-from .plan import Plan, Selection
-from .planner import plan_placement
-from .ruleset import RegionRule, RuleSet
+from ..placement.plan import Plan, Selection
+from ..placement.planner import plan_placement
+from ..placement.ruleset import RegionRule, RuleSet
 
 
 def predict(graph: gs.Graph, plan: Plan, target: str = "tensorrt") -> SimReport:
