@@ -33,9 +33,9 @@ from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
 from .passes.insert import insert_qdq
-from .passes.int4_weights import int4_targets, quantize_int4_weights
+from .recipes.int4_weights import int4_targets, quantize_int4_weights
 from .passes.precision import MIN_OPSET as PRECISION_OPSET, lower_float_islands, measure_ranges
-from .passes import output_aware
+from .recipes import output_aware
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
 from .recipes.small_regions import NO_INT8
@@ -177,12 +177,10 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     overrides: dict[str, float] = {}
     if _output_aware(cfg, loaded, plan, calib):
         with report.stage("output-aware scales"):
-            choices, first = output_aware.choose(loaded, plan, data)
-            passed, overrides = output_aware.apply(loaded, choices, first, data)
+            passed, overrides = output_aware.run(loaded, plan, data)
             report.add([passed])
             if passed.changed:
                 plan = plan_for(loaded, cfg)
-            del choices, first
             _free_if_large(loaded)
     if cfg.smooth_quant is not None:
         with report.stage("smooth"):
@@ -315,7 +313,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
                    report: InsertReport) -> Result:
     """INT4 weights: the plan (rules/int4.toml over placement.toml, users' rules and selections)
     picks the MatMul/Gemm weights; each becomes an INT4 blocked DequantizeLinear
-    (qdqgraph.passes.int4_weights); activations stay in the float type, made FP16 by the islands."""
+    (qdqgraph.recipes.int4_weights); activations stay in the float type, made FP16 by the islands."""
     with report.stage("plan"):
         plan = plan_for(loaded, cfg)
         chosen = {name for s in plan.weight_sites() for name, _ in s.edges}

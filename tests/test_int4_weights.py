@@ -1,4 +1,4 @@
-"""Weight-only INT4 (qdqgraph.passes.int4_weights): blocked arithmetic, the written model (checker,
+"""Weight-only INT4 (qdqgraph.recipes.int4_weights): blocked arithmetic, the written model (checker,
 onnxruntime, packed INT4 storage), targets, and AWQ against RTN on activations with outlier channels.
 
 onnxruntime's extended optimizations run DequantizeLinear(INT4) -> MatMul as MatMulNBits, which
@@ -13,8 +13,14 @@ from qdqgraph.graph import io
 from qdqgraph.samples.data import CalibrationData
 from qdqgraph.errors import QdqError
 from qdqgraph.ops import DEQUANTIZE
-from qdqgraph.passes.int4_weights import (INT4_MAX, INT4_MIN, dequantize_blocked, int4_targets,
-                                          quantize_blocked, quantize_int4_weights)
+from qdqgraph.recipes.int4_weights import (
+    INT4_MAX,
+    INT4_MIN,
+    dequantize_blocked,
+    int4_targets,
+    quantize_blocked,
+    quantize_int4_weights,
+)
 from qdqgraph.prepare import model_inputs
 
 T = 16          # rows per sample
@@ -370,7 +376,7 @@ def test_a_fold_that_reorders_the_columns_is_undone():
 def test_a_clip_that_raises_the_output_error_is_not_kept(monkeypatch):
     """The per-block clip search ignores the error's cross terms between blocks; its choice is kept
     only if the whole output error falls. A search that clips everything to half is refused."""
-    from qdqgraph.passes import int4_weights
+    from qdqgraph.recipes import int4_weights
 
     def halve(x, w, block_size, dtype=np.float32):
         return np.full((w.shape[0] // block_size, w.shape[1]), 0.5, np.float32)

@@ -10,7 +10,7 @@ import motifs
 import qdqgraph
 from qdqgraph.execution import profile
 from qdqgraph.cli import main
-from qdqgraph.passes import output_aware
+from qdqgraph.recipes import output_aware
 
 
 def test_report_profiles_every_stage_and_the_steps_inside():

@@ -17,7 +17,6 @@ import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
 from .base import PassResult, result
-from .smooth import _k_axis
 from .registry import QDQ_SOUND, declare
 
 MAX_PATH = 8
@@ -68,7 +67,7 @@ def _path_step(view: GraphView, p: gs.Node, biases: list[gs.Tensor]):
 def _gemm_step(view: GraphView, p: gs.Node, biases: list[gs.Tensor]):
     """producer_path over a MatMul/Gemm: the layer when its weight is a constant 2-D matrix, else the
     right operand of a MatMul of two activations (out[..., j] = A @ B[..., j])."""
-    k = _k_axis(view, p)
+    k = k_axis(view, p)
     if k is not None:
         return _gemm_layer(view, p, k, biases), None
     if not view.vocab.is_(p, "matmul") or any(view.is_constant(x) for x in p.inputs[:2]):
@@ -176,3 +175,15 @@ def fold_scalar_scales(graph: gs.Graph) -> PassResult:
     if folded:
         graph.cleanup()
     return result("fold_scalar_scales", bool(folded), folded=folded)
+
+
+def k_axis(view: GraphView, node: gs.Node) -> int | None:
+    """Axis of the weight that runs over input channels, or None when the node is not a target."""
+    w = view.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if w is None or w.ndim != 2 or not np.issubdtype(w.dtype, np.floating):
+        return None
+    if view.vocab.is_(node, "matmul"):
+        return 0
+    if view.vocab.is_(node, "gemm") and not node.attrs.get("transA", 0):
+        return 1 if node.attrs.get("transB", 0) else 0
+    return None

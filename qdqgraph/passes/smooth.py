@@ -25,22 +25,10 @@ from ..placement.plan import Plan
 from ..execution.runtime import float_activations
 from ..graph.view import GraphView
 from .base import PassResult, result
+from .channel_scale import MAX_SCALE, k_axis
 from .registry import declare, describe
 
 DEFAULT_ALPHA = 0.5
-MAX_SCALE = 1e4            # s is clipped to [1/MAX_SCALE, MAX_SCALE]
-
-
-def _k_axis(view: GraphView, node: gs.Node) -> int | None:
-    """Axis of the weight that runs over input channels, or None when the node is not a target."""
-    w = view.constant_value(node.inputs[1]) if len(node.inputs) > 1 else None
-    if w is None or w.ndim != 2 or not np.issubdtype(w.dtype, np.floating):
-        return None
-    if view.vocab.is_(node, "matmul"):
-        return 0
-    if view.vocab.is_(node, "gemm") and not node.attrs.get("transA", 0):
-        return 1 if node.attrs.get("transB", 0) else 0
-    return None
 
 
 def targets(graph: gs.Graph, plan: Plan) -> dict[str, list[gs.Node]]:
@@ -53,7 +41,7 @@ def targets(graph: gs.Graph, plan: Plan) -> dict[str, list[gs.Node]]:
     for site in plan.activation_sites():
         for name, index in site.edges:
             node = nodes.get(name)
-            if node is None or index != 0 or name not in weighted or _k_axis(view, node) is None:
+            if node is None or index != 0 or name not in weighted or k_axis(view, node) is None:
                 continue
             if node.inputs[0].name != site.tensor:
                 continue
@@ -92,7 +80,7 @@ def smooth(graph: gs.Graph, found: dict[str, list[gs.Node]], ranges: dict[str, n
             continue
         weights = []
         for n in nodes:
-            k = _k_axis(view, n)
+            k = k_axis(view, n)
             assert k is not None, f"{n.name} is not a smoothing target (see targets())"
             weights.append((n, k, view.constant(n.inputs[1])))
         if any(w.shape[k] != ax.size for _, k, w in weights):

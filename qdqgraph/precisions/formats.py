@@ -7,7 +7,7 @@ as `clamp(round(x / s))` with round-half-to-even (C4):
   quantization toolkit's convention); opset 13 for per-channel weights.
 - `fp8`: zero point float8e4m3fn 0, range [-448, 448] (E4M3, saturating), scale = amax / 448 (C4);
   opset 19 (the first with float8 types, C1). FP8 runs on Ada/Hopper and later (C5).
-- `int4`: weights only, in blocks along the reduction axis (qdqgraph.passes.int4_weights);
+- `int4`: weights only, in blocks along the reduction axis (qdqgraph.recipes.int4_weights);
   activations stay in the float type. Opset 21 (blocked DequantizeLinear, INT4, C1).
 
 `precision` names the format of a run (insert --precision); int8 is the default.

@@ -57,13 +57,12 @@ from ..graph import io, proto
 from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..errors import QdqError, option
-from ..calib.methods import safe_scales
 from ..ops import DEQUANTIZE
 from ..execution.runtime import float_activations
 from ..graph.view import GraphView
-from .base import PassResult, result
-from .output_aware import _divide, _failed_folds, _fold_kind, _fold_producer
-from .smooth import MAX_SCALE, _k_axis
+from ..passes.base import PassResult, result
+from ..passes.channel_scale import MAX_SCALE, divide, fold_kind, fold_producer, k_axis
+from .output_aware import failed_folds
 
 INT4_MIN, INT4_MAX = -8, 7
 MIN_OPSET = 21            # DequantizeLinear with block_size and INT4 inputs
@@ -93,7 +92,7 @@ class Target:
 @dataclass
 class Scaling:
     """The AWQ input-channel scale of one activation tensor, shared by the layers that read it.
-    `scale` (None: not scaled) is the attribute `output_aware._failed_folds` checks folds against."""
+    `scale` (None: not scaled) is the attribute `output_aware.failed_folds` checks folds against."""
     tensor: str
     alpha: float = 0.0
     scale: np.ndarray | None = None
@@ -155,7 +154,7 @@ def _found(graph: gs.Graph, exclude=frozenset()) -> list[tuple[Target, gs.Node]]
     for node in graph.nodes:
         if node.name in exclude or not (view.vocab.is_(node, "matmul") or view.vocab.is_(node, "gemm")):
             continue
-        axis = _k_axis(view, node)
+        axis = k_axis(view, node)
         if axis is None:
             continue
         shape = view.constant(node.inputs[1]).shape
@@ -343,7 +342,7 @@ def _choose_scalings(view: GraphView, readers: dict[str, list[tuple[Target, gs.N
         if any(len(inputs_of_weight[t.weight]) > 1 for t, _ in group):
             c.skip("a weight is shared with layers that read another input")
             continue
-        c.how = _fold_kind(view, view.tensors[name], {n.name for _, n in group})
+        c.how = fold_kind(view, view.tensors[name], {n.name for _, n in group})
         if not c.how:
             c.skip("no LayerNorm or linear producer that only these layers read, to fold 1/s into")
             continue
@@ -385,18 +384,18 @@ def _fold_scalings(loaded: io.Loaded, view: GraphView, scalings: dict[str, Scali
         x = view.tensors[c.tensor]
         if c.how == "layernorm":
             ln = view.producer(x)
-            _divide(view, ln, 1, c.scale, -1, "awq")
-            _divide(view, ln, 2, c.scale, -1, "awq")
+            divide(view, ln, 1, c.scale, -1, "awq")
+            divide(view, ln, 2, c.scale, -1, "awq")
             _scale_rows(view, readers[c.tensor], c.scale)
             continue
-        undo = _fold_producer(view, x, c.scale)
+        undo = fold_producer(view, x, c.scale)
         if undo is None:
             c.skip("the producer's shapes do not take a per-channel scale")
         else:
             pending[c.tensor] = (c, (undo, _scale_rows(view, readers[c.tensor], c.scale)))
-    for c, (undo, weights) in _failed_folds(loaded, pending, first, data).values():
+    for c, (undo, weights) in failed_folds(loaded, pending, first, data).values():
         for node, k, axis in undo:
-            _divide(view, node, k, 1.0 / c.scale, axis, "unawq")
+            divide(view, node, k, 1.0 / c.scale, axis, "unawq")
         for _, node in readers[c.tensor]:
             node.inputs[1] = weights[node.name]
         c.skip("the fold into the producer does not keep the column order")

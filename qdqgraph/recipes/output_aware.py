@@ -1,0 +1,257 @@
+"""Output-aware scales with per-layer smoothing: each linear layer's input scale (and SmoothQuant
+strength) chosen by the error it causes in the layer's output, not in the tensor itself.
+
+Transformer activations carry a few outlier channels (the residual stream and what LayerNorm makes
+of it, the FFN's inner activation): a per-tensor INT8 scale set by a range estimate of the tensor
+alone either clips those channels or leaves the others a handful of levels, and which hurts more
+depends on the weights that read them (Bondarenko et al. 2021). For every activation that only
+linear layers read (MatMul/Gemm with a constant 2-D weight, the plan quantizing both), this recipe
+takes a few hundred rows of it from the float model on the calibration data and, for each
+SmoothQuant strength alpha in ALPHAS (0: none; Xiao et al. 2023, s_k = max|x_k|^alpha /
+max|W_k|^(1-alpha)) and each clipping range in a grid, quantizes the activation (per tensor) and
+the weights (per output channel) as insertion will and measures ||X W - Q(X / s) Q(s W)||^2 over
+all the layers that read it. The best (alpha, range) wins; alpha 0 with the range calibration
+would give is always a candidate, so on the rows measured the choice is never worse than without
+the pass.
+
+The smoothing adds no node where it can be folded: into a LayerNormalization's scale and bias
+where the LayerNorm output feeds nothing else, or into the output columns (and bias) of the linear
+layer that makes the tensor, through reshapes, transposes and the right operand of a MatMul (an
+attention's context is its value projection's columns, mixed over tokens). Column order through
+the reshapes is not proved from shapes: a fold into a producer is checked on one calibration
+sample (the tensor must come out divided by s) and undone, for a Mul, where it is not. Elsewhere
+the smoothing is a Mul in front of the readers, taken only when it cuts the error by MUL_GAIN or
+more, since TensorRT runs the Q after that Mul as a standalone reformat. The chosen range of each
+tensor is returned, to replace the calibrated one (`ranges`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..graph import io
+from ..graph.view import GraphView
+from ..passes.base import PassResult
+from ..passes.channel_scale import MAX_SCALE, fold_kind, k_axis
+from ..passes.output_aware import Choice, apply
+from ..passes.smooth import targets
+from ..placement.plan import Plan
+from ..precisions.scales import safe_scales
+from ..samples.data import CalibrationData
+from ..execution.profile import step
+from ..execution.runtime import float_activations
+ALPHAS = (0.0, 0.5, 0.65, 0.8)
+CLIP_GRID = tuple(2.0 ** (-i / 2) for i in range(20))    # fractions of max|x|: 1 .. 0.0014, then
+REFINE = 2.0 ** 0.25                                      # the best one's neighbours at this ratio
+MAX_ROWS = 512            # rows of each activation the search runs on
+SAMPLES = 32              # calibration samples they are taken from
+PROJECT = 128             # outputs the error is measured on (a random projection of them)
+SCAN_TOP_ROWS = 1 / 16    # the grid is scanned on the rows with the largest values (this share of them)...
+SCAN_STRIDE = 8           # ... and every 8th of the others
+SCAN_KEEP = 2             # the best grid points of the scan, measured again on all rows
+MUL_GAIN = 0.25           # a smoothing that needs an inserted Mul must cut the output error by this much
+
+
+def _weight(view: GraphView, node: gs.Node) -> np.ndarray:
+    """The node's weight as [K, M] (K: the input channels)."""
+    w = view.constant(node.inputs[1]).astype(np.float32)
+    return w if k_axis(view, node) == 0 else w.T
+
+
+def _quant_weight(w: np.ndarray) -> np.ndarray:
+    """[K, M] weight quantized per output channel (axis 1), as insertion does, dequantized."""
+    s = safe_scales(np.abs(w).max(axis=0))
+    return (np.clip(np.rint(w / s), -128, 127) * s).astype(np.float32)
+
+
+def _quant_act(x: np.ndarray, amax: float) -> np.ndarray:
+    s = np.float32(safe_scales(np.array([amax]))[0])
+    return (np.clip(np.rint(x / s), -128, 127) * s).astype(np.float32)
+
+
+def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData) -> tuple[dict, dict, dict]:
+    """({tensor: up to MAX_ROWS rows [N, K]}, {tensor: max |x| per channel over all rows seen},
+    {tensor: its value on the first sample})."""
+    seen: dict[str, list[np.ndarray]] = {t: [] for t in tensors}
+    cmax: dict[str, np.ndarray] = {}
+    first: dict[str, np.ndarray] = {}
+    for values in float_activations(loaded, tensors, data, SAMPLES, "output-aware scales"):
+        if not first:
+            first = {k: np.asarray(v, dtype=np.float32) for k, v in values.items()}
+        for name, v in values.items():
+            v = np.asarray(v, dtype=np.float32)
+            r = v.reshape(-1, v.shape[-1])
+            m = np.abs(r).max(axis=0)
+            cmax[name] = m if name not in cmax else np.maximum(cmax[name], m)
+            seen[name].append(r)
+    out = {}
+    for name, parts in seen.items():
+        if not parts:
+            continue
+        r = np.concatenate(parts)
+        step = max(1, r.shape[0] // MAX_ROWS)
+        out[name] = np.ascontiguousarray(r[::step][:MAX_ROWS])
+    return out, cmax, first
+
+
+def _smoothing(cmax: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
+    aw = np.abs(w).max(axis=1)
+    ok = (cmax > 0) & (aw > 0)
+    s = np.ones_like(cmax, dtype=np.float64)
+    if alpha > 0:
+        s[ok] = cmax[ok].astype(np.float64) ** alpha / aw[ok].astype(np.float64) ** (1.0 - alpha)
+    return np.clip(s, 1.0 / MAX_SCALE, MAX_SCALE).astype(np.float32)
+
+
+def _projection(m: int) -> np.ndarray | None:
+    """[M, PROJECT] random Gaussian columns (fixed seed) scaled so ||E P||^2 estimates ||E||^2 without
+    bias, or None when M is small enough to use E itself."""
+    if m <= PROJECT:
+        return None
+    return (np.random.default_rng(0).standard_normal((m, PROJECT)) / np.sqrt(PROJECT)).astype(np.float32)
+
+
+def search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, ...] = (),
+           alphas: tuple[float, ...] = ALPHAS) -> tuple:
+    """((alpha, amax, relative error) of the best candidate, best relative error at alpha 0).
+    `x` [N, K] rows, `w` [K, M] the weights of every reader side by side, `extra`: more ranges to
+    try at alpha 0 (the calibration's). The output error is measured through a random projection
+    of the M outputs to PROJECT (Johnson-Lindenstrauss), which keeps the comparison between
+    candidates and makes each one PROJECT/M as costly. The grid is scanned on a sample of the rows
+    (`_scan_rows`); the SCAN_KEEP best of the scan, the `extra` ranges and the refinement are
+    measured on all of them, and only those errors are compared and returned."""
+    best, at_zero = _search(x, w, cmax, extra, alphas)
+    return best, (at_zero[2] if at_zero is not None else None)
+
+
+def _scan_rows(x: np.ndarray) -> tuple:
+    """(row indices, their weights) of the sample the grid is scanned on, or (None, None) to measure
+    every grid point on all rows: the SCAN_TOP_ROWS share of rows with the largest max|x| (which
+    decide the clipping), every one, and every SCAN_STRIDE-th of the others, weighted by the stride
+    (so the sum estimates the error over all rows)."""
+    n = x.shape[0]
+    if SCAN_STRIDE <= 1 or n < SCAN_STRIDE * 8:
+        return None, None
+    peak = np.abs(x).max(axis=1)
+    order = np.argsort(-peak, kind="stable")
+    top = order[:max(1, int(n * SCAN_TOP_ROWS))]
+    rest = np.sort(order[len(top):])[::SCAN_STRIDE]
+    rows = np.concatenate([np.sort(top), rest])
+    weights = np.concatenate([np.ones(len(top)), np.full(len(rest), (n - len(top)) / max(len(rest), 1))])
+    return rows, weights
+
+
+def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, ...],
+            alphas: tuple[float, ...]) -> tuple:
+    """`search`, returning the best candidate at alpha 0 as (0.0, amax, error) in second place (or
+    None when alpha 0 is not among `alphas`).
+
+    Measured on MiniLM's 24 linear-layer inputs (512 rows each): the same choice, range and error
+    for every tensor as measuring every grid point on all rows, with 3.5x fewer row products."""
+    p = _projection(w.shape[1])
+    ref = x @ (w if p is None else w @ p)
+    norm = float(np.sum(ref.astype(np.float64) ** 2)) or 1.0
+    scan_rows, scan_weights = _scan_rows(x)
+    ref_scan = ref[scan_rows]
+
+    def error(xs, wq, amax):
+        return float(np.sum((_quant_act(xs, amax) @ wq - ref).astype(np.float64) ** 2)) / norm
+
+    def estimate(xs_scan, wq, amax):
+        e = (_quant_act(xs_scan, amax) @ wq - ref_scan).astype(np.float64)
+        return float(scan_weights @ np.einsum("ij,ij->i", e, e))
+
+    best, at_zero = None, None
+    for alpha in alphas:
+        s = _smoothing(cmax, w, alpha)
+        xs = x / s
+        wq = _quant_weight(w * s[:, None])
+        if p is not None:
+            wq = wq @ p
+        top = float(np.abs(xs).max()) or 1.0
+        grid = [top * f for f in CLIP_GRID]
+        if scan_rows is not None and len(grid) > SCAN_KEEP:
+            xs_scan = xs[scan_rows]
+            scan = [estimate(xs_scan, wq, amax) for amax in grid]
+            keep = set(sorted(range(len(grid)), key=scan.__getitem__)[:SCAN_KEEP])
+            grid = [amax for i, amax in enumerate(grid) if i in keep]
+        here = None
+        for amax in grid + (list(extra) if alpha == 0 else []):
+            err = error(xs, wq, amax)
+            if here is None or err < here[1]:
+                here = (amax, err)
+        assert here is not None, "CLIP_GRID is not empty"
+        for amax in (here[0] / REFINE, here[0] * REFINE):
+            if amax <= top:
+                err = error(xs, wq, amax)
+                if err < here[1]:
+                    here = (amax, err)
+        if best is None or here[1] < best[2]:
+            best = (alpha, here[0], here[1])
+        if alpha == 0:
+            at_zero = (0.0, here[0], here[1])
+    return best, at_zero
+
+
+def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[list[Choice], dict]:
+    """The (alpha, range) of every activation read only by linear layers (see the module doc), and
+    each tensor's value on the first sample (for `apply` to check folds against)."""
+    view = GraphView(loaded.graph)
+    found = targets(loaded.graph, plan)
+    sites = {s.tensor: s for s in plan.activation_sites()}
+    linear = {t: nodes for t, nodes in found.items()
+              if t in sites and len(sites[t].edges) == len(nodes) and sites[t].exact_amax is None
+              and not sites[t].group}
+    if not linear:
+        return [], {}
+    with step("float rows"):
+        xs, cmax, first = rows(loaded, sorted(linear), data)
+    with step("search"):
+        return _choose(view, linear, xs, cmax), first
+
+
+def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict) -> list[Choice]:
+    out = []
+    for t, nodes in sorted(linear.items()):
+        if t not in xs:
+            continue
+        w = np.concatenate([_weight(view, n) for n in nodes], axis=1)
+        if w.shape[0] != xs[t].shape[1]:
+            continue
+        calibrated = float(np.percentile(np.abs(xs[t]), 99.99))
+        (alpha, amax, err), at_zero = _search(xs[t], w, cmax[t], (calibrated,), ALPHAS)
+        assert at_zero is not None, "ALPHAS holds 0"
+        plain = at_zero[2]
+        folded = fold_kind(view, view.tensors[t], {n.name for n in nodes}) if alpha > 0 else ""
+        if alpha > 0 and not folded and err > (1.0 - MUL_GAIN) * plain:
+            (alpha, amax, err) = at_zero          # what a search at alpha 0 alone finds
+        out.append(Choice(t, [n.name for n in nodes], alpha, amax, err, plain, folded,
+                          _smoothing(cmax[t], w, alpha) if alpha > 0 else None))
+    return out
+
+
+def failed_folds(loaded: io.Loaded, pending: dict, first: dict, data: CalibrationData) -> dict:
+    """The producer folds whose tensor, on the first sample, is not its float value divided by the
+    smoothing (a reshape that does not keep the column order)."""
+    if not pending:
+        return {}
+    names = sorted(pending)
+    try:
+        now: dict[str, np.ndarray] = next(iter(float_activations(loaded, names, data, 1, "output-aware fold check")), {})
+    except Exception:  # noqa: BLE001 - a fold that breaks the model is undone like one that changes it
+        return dict(pending)
+    failed = {}
+    for name in names:
+        c, _ = pending[name]
+        want = first[name] / c.scale
+        got = np.asarray(now.get(name, np.zeros(0)), dtype=np.float32)
+        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-3, atol=1e-4 * (float(np.abs(want).max()) or 1.0)):
+            failed[name] = pending[name]
+    return failed
+
+
+def run(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[PassResult, dict[str, float]]:
+    """Choose each linear-layer input's smoothing and range on `data`, apply them (checking producer
+    folds on the first sample), and return the pass's result and the chosen ranges."""
+    choices, first = choose(loaded, plan, data)
+    return apply(loaded, choices, first, lambda pending: failed_folds(loaded, pending, first, data))
