@@ -2,6 +2,7 @@
 `strip`/`report`/`fix`, SIGTERM, --debug's exit code, and the Python API's argument checks. Each case
 gives exit 2 and one line `qdqgraph: error: <problem>; <fix>` (or exits 0 having done the right
 thing), as docs/BAD_INPUT.md lists (cases 20 on); models are tiny and built in code."""
+import importlib.util
 import os
 import stat
 import subprocess
@@ -553,33 +554,56 @@ def test_28_fix_keeps_the_attention_insert_kept_float(tmp_path, capsys, calib):
 
 # ---------------------------------- 29. a plan with no INT8 layer is not written as a quantized model
 
-def tiny_conv_chain(blocks: int = 10, c: int = 4) -> onnx.ModelProto:
-    """Residual blocks of convs with 4 channels (placement keeps them float, P10-tiny-conv), whose
-    Adds the residual rule quantizes: every Q/DQ is a standalone reformat."""
+def tiny_conv_chain(blocks: int = 10, c: int = 4, wide_blocks: int = 0, wide: int = 32) -> onnx.ModelProto:
+    """Residual blocks of convs with `c` channels (placement keeps them float, P10-tiny-conv), after
+    `wide_blocks` blocks of `wide` channels (INT8 convs) and a 1x1 conv down to `c` channels."""
     import motifs
     g = motifs.G("tiny_conv_chain")
-    y = g.input("x", ["n", c, 16, 16])
+    y = g.input("x", ["n", wide if wide_blocks else c, 16, 16])
 
-    def conv(x, name):
-        return g.node("Conv", [x, g.weight(f"{name}.w", (c, c, 3, 3), 0.02)], name=name, kernel_shape=[3, 3],
-                      pads=[1] * 4)
-    for b in range(blocks):
-        a = conv(g.node("Relu", [conv(y, f"b{b}.conv1")], name=f"b{b}.relu1"), f"b{b}.conv2")
-        y = g.node("Relu", [g.node("Add", [a, y], name=f"b{b}.add")], name=f"b{b}.relu2")
+    def conv(x, name, cin, cout, k=3):
+        return g.node("Conv", [x, g.weight(f"{name}.w", (cout, cin, k, k), 0.02)], name=name, kernel_shape=[k, k],
+                      pads=[k // 2] * 4)
+
+    def block(y, b, width):
+        a = conv(g.node("Relu", [conv(y, f"b{b}.conv1", width, width)], name=f"b{b}.relu1"), f"b{b}.conv2",
+                 width, width)
+        return g.node("Relu", [g.node("Add", [a, y], name=f"b{b}.add")], name=f"b{b}.relu2")
+    for b in range(wide_blocks):
+        y = block(y, b, wide)
+    if wide_blocks:
+        y = g.node("Relu", [conv(y, "narrow", wide, c, 1)], name="narrow.relu")
+    for b in range(wide_blocks, wide_blocks + blocks):
+        y = block(y, b, c)
     g.node("Identity", [y], ["y"], name="out")
     g.output("y")
     return g.model()
 
 
+# P6 as it was: the skip of every residual Add quantized, whatever precision the branch's conv runs in
+_P6_WHATEVER_THE_CONV = """schema = 1
+[[rule]]
+id = "P6-residual-add"
+doc = "Add(conv_branch, skip) -> Add(conv_branch, DQ(Q(skip)))"
+ref = "TRT_RULES.md P6"
+op = "add"
+when = ["residual_skip"]
+quantize = [{ input = "$skip", kind = "activation" }]
+"""
+
+
 @pytest.mark.parametrize("blocks", [10, 300])
 def test_29_no_int8_layer_no_qdq_written(tmp_path, capsys, blocks):
-    """Was: "0 INT8, 20 reformats" and the Q/DQ written anyway (output SQNR 22.5 dB for nothing)."""
+    """Was: "0 INT8, 20 reformats" and the Q/DQ written anyway (output SQNR 22.5 dB for nothing). The
+    residual rule no longer quantizes these Adds (the next test); a rules file that does still gets
+    the plan refused as a whole, whatever the model's size."""
     import motifs
     m = tiny_conv_chain(blocks)
-    mp, dp, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx"
+    mp, dp, out, rules = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx", tmp_path / "p6.toml"
     onnx.save(m, mp)
     np.savez(dp, **motifs.sample_data(m, n=4))
-    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out)]) == 0
+    rules.write_text(_P6_WHATEVER_THE_CONV)
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), "--rules", str(rules)]) == 0
     captured = capsys.readouterr()
     written = onnx.load(str(out))
     assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in written.graph.node}
@@ -592,6 +616,53 @@ def test_29_no_int8_layer_no_qdq_written(tmp_path, capsys, blocks):
     import re
     sqnr = float(re.search(r"output y: cosine [\d.]+, SQNR ([\d.]+) dB", captured.out).group(1))
     assert sqnr > 60, captured.out                        # float with FP16 islands (was 22.5 dB at 10 blocks)
+
+
+def _qdq_only_kernels(layer_json: Path) -> list[str]:
+    """The compiled kernels that only scale, round and cast (a quantize, or a quantize-dequantize
+    round trip computed in float), from `build --layer-info`."""
+    import json
+
+    from qdqgraph.backends.listing import fused_ops
+    names = [x["Name"] for x in json.loads(layer_json.read_text())["Layers"]]
+    return [n for n in names if "Roun" in fused_ops(n) and set(fused_ops(n)) <= {"Mul", "Min", "Max", "Roun", "Cast"}]
+
+
+@pytest.mark.parametrize("wide_blocks", [0, 3])
+def test_29_residual_adds_beside_float_convs_get_no_qdq(tmp_path, capsys, wide_blocks):
+    """An Add whose branch conv runs in float (P10-tiny-conv) gets no Q/DQ on its skip: it cannot run in
+    the conv's INT8 epilogue, so the Q/DQ would only be reformats. Adds beside INT8 convs keep theirs.
+    The compiled engine (TensorRT for RTX) then has no kernel that only quantizes, but the one that
+    quantizes the network's input for the first INT8 conv."""
+    import motifs
+    from qdqgraph import io
+    from qdqgraph.placement.planner import plan_placement
+    m = tiny_conv_chain(6, wide_blocks=wide_blocks)
+    plan = plan_placement(io.load(m).graph)
+    adds = {f"b{b}.add": plan.decisions[f"b{b}.add"] for b in range(wide_blocks + 6)}
+    assert [d.quantized for d in adds.values()] == [True] * wide_blocks + [False] * 6
+    assert all(d.rule == "P6-residual-add" and "runs in float (P10-tiny-conv)" in d.reason
+               for d in list(adds.values())[wide_blocks:])
+    mp, dp, rules = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "p6.toml"
+    onnx.save(m, mp)
+    np.savez(dp, **motifs.sample_data(m, n=4))
+    rules.write_text(_P6_WHATEVER_THE_CONV)
+    if importlib.util.find_spec("tensorrt_rtx") is None:
+        pytest.skip("needs TensorRT for RTX to compile: pip install 'qdqgraph[rtx]'")
+    found = {}
+    for label, extra in (("now", []), ("before", ["--rules", str(rules)])):
+        out, layers = tmp_path / f"{label}.onnx", tmp_path / f"{label}.json"
+        assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), *extra]) == 0
+        text = capsys.readouterr().out
+        assert main(["build", str(out), "-o", str(tmp_path / f"{label}.engine"), "--calib", str(dp),
+                     "--layer-info", str(layers)]) == 0
+        capsys.readouterr()
+        found[label] = (text, _qdq_only_kernels(layers))
+    text, kernels = found["now"]
+    assert "reformats (0 inside the network)" in text and ("0 INT8" in text) == (not wide_blocks), text
+    assert len(kernels) == (1 if wide_blocks else 0), kernels
+    if wide_blocks:                # as it was: each tiny block's skip quantized and dequantized in float
+        assert len(found["before"][1]) > len(kernels), found["before"][1]
 
 
 def test_29_repeated_warnings_are_counted_not_printed(capsys):
