@@ -848,3 +848,65 @@ def test_32_bf16_islands_are_predicted_and_verify_says_why_it_is_skipped(tmp_pat
     assert "simulation failed" not in err and "TensorRT prediction:" in out
     assert "verify skipped: onnxruntime's CPU has no bfloat16 kernels" in out
     onnx.checker.check_model(onnx.load(str(tmp_path / "b.onnx")), full_check=True)
+
+
+def _casts_and_kept(model: onnx.ModelProto) -> tuple[int, list[str]]:
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    kept = [n.op_type for n in model.graph.node if n.op_type not in ("Cast", "QuantizeLinear", "DequantizeLinear")
+            and any(v.type.tensor_type.elem_type == TensorProto.FLOAT for v in model.graph.value_info
+                    if v.name in n.output)]
+    return len(casts), kept
+
+
+def test_32_bf16_islands_are_bf16_like_fp16_islands_and_predicted_as_compiled(tmp_path, capsys):
+    """--high-precision bf16 at opset 19 kept every Conv and MaxPool float32 behind Casts (their
+    opset-19 schemas allow float16 but not bfloat16): 29 ops kept, 12 Casts, a prediction of 15
+    reformats for the datacenter rules and 3 for TensorRT for RTX, whose compiler fused the Casts away
+    and listed 1. The islands are now written at opset 22, as BF16 as FP16's, and the prediction for
+    TensorRT for RTX matches its compiled engine."""
+    from qdqgraph import quantize
+    from qdqgraph.example import smooth_images, tiny_resnet
+    m, data = tiny_resnet(), {"input": smooth_images(8)}
+    fp16 = onnx.shape_inference.infer_shapes(quantize(m, data, high_precision="fp16").model)
+    bf16 = onnx.shape_inference.infer_shapes(quantize(m, data, high_precision="bf16").model)
+    assert {o.version for o in bf16.opset_import if o.domain in ("", "ai.onnx")} == {22}
+    assert _casts_and_kept(bf16) == _casts_and_kept(fp16), (_casts_and_kept(bf16), _casts_and_kept(fp16))
+    convs = [n for n in bf16.graph.node if n.op_type == "Conv"]
+    types = {v.name: v.type.tensor_type.elem_type for v in bf16.graph.value_info}
+    assert convs and all(types[n.output[0]] == TensorProto.BFLOAT16 for n in convs)
+    if importlib.util.find_spec("tensorrt_rtx") is None:
+        pytest.skip("needs TensorRT for RTX to compile: pip install 'qdqgraph[rtx]'")
+    mp, dp, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "b.onnx"
+    onnx.save(m, mp)
+    np.savez(dp, **data)
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), "--high-precision", "bf16",
+                 "--target", "tensorrt-rtx"]) == 0
+    capsys.readouterr()
+    assert main(["build", str(out), "-o", str(tmp_path / "b.engine"), "--calib", str(dp)]) == 0
+    import re
+    said = re.search(r"standalone quantize kernels: predicted (\d+), compiled (\d+)", capsys.readouterr().out)
+    assert said and said.group(1) == said.group(2), said
+
+
+def test_32_bf16_islands_of_a_model_that_cannot_reach_opset_22_say_so(monkeypatch):
+    import qdqgraph
+    from qdqgraph import io
+    from qdqgraph.example import smooth_images, tiny_resnet
+    real = io.raise_opset
+
+    def no_22(model, minimum=13, why=""):
+        if minimum >= 22:
+            raise QdqError(f"the model's opset could not be raised to {minimum}, which {why} needs (no adapter)",
+                           "re-export")
+        return real(model, minimum, why)
+    monkeypatch.setattr(io, "raise_opset", no_22)
+    r = qdqgraph.quantize(tiny_resnet(), {"input": smooth_images(4)}, high_precision="bf16")
+    assert {o.version for o in r.model.opset_import if o.domain in ("", "ai.onnx")} == {19}
+    said = [w for w in r.report.warnings if "could not be raised to 22" in w]
+    assert len(said) == 1 and "stay float32 behind Casts" in said[0], r.report.warnings
+    assert sum(n.op_type == "Cast" for n in r.model.graph.node) > 2        # the convolutions' Casts
+
+
+def test_32_a_bfloat16_kernel_type_reads_as_bf16_not_fp32():
+    from qdqgraph.trtsim.engine_report import precision_of
+    assert [precision_of(t) for t in ("BFloat16", "BF16 format", "Float", "Half")] == ["bf16", "bf16", "fp32", "fp16"]
