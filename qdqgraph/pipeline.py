@@ -21,7 +21,7 @@ import onnx_graphsurgeon as gs
 
 from .placement import advice, load_ruleset
 from .graph import attention, branches, io, proto
-from .recipes import attention_guard
+from .recipes import attention_guard, output_aware
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from
@@ -34,8 +34,7 @@ from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
 from .passes.insert import insert_qdq
 from .recipes.int4_weights import int4_targets, quantize_int4_weights
-from .passes.precision import MIN_OPSET as PRECISION_OPSET, lower_float_islands, measure_ranges
-from .recipes import output_aware
+from .passes.precision import MIN_OPSET as PRECISION_OPSET, lower_float_islands, measure_ranges, island_opset
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
 from .recipes.small_regions import NO_INT8
@@ -471,7 +470,7 @@ def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeC
 def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: CalibrationData | None,
             report: InsertReport) -> tuple[proto.ModelProto, io.Loaded]:
     """The written model: float islands in cfg.high_precision (opset raised to 19 for their
-    scales), checked. With `data`, ops whose outputs reach passes.precision.RANGE_LIMIT on a few
+    scales, 22 for BF16 convolutions and poolings), checked. With `data`, ops whose outputs reach passes.precision.RANGE_LIMIT on a few
     samples stay float32. Returns the model and the graph it was exported from."""
     report.add([bias_to_add(loaded.graph)])        # every onnxruntime session then computes what TensorRT does
     if cfg.high_precision == "fp32":
@@ -491,7 +490,7 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
                                    f"checking activation ranges (rule H5)")
     with report.stage("float islands"):
         with step("opset"):
-            model, _ = io.raise_opset(model, PRECISION_OPSET, why=f"{cfg.high_precision} Q/DQ scales")
+            model = _raise_for_islands(model, cfg.high_precision, report)
         with step("import"):
             lowered = io.load(model, check=False)
         with step("retype"):
@@ -502,6 +501,20 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
         with step("check"):
             _check_raised(model, cfg.high_precision, report)
     return model, lowered
+
+
+def _raise_for_islands(model: proto.ModelProto, high_precision: str, report: InsertReport) -> proto.ModelProto:
+    """The model at the opset its islands need (passes.precision.island_opset). BF16 islands want
+    opset 22; a model the converter cannot take there goes to 19, with its convolutions and poolings
+    float32 (a warning says so)."""
+    wanted = island_opset(high_precision)
+    if wanted > PRECISION_OPSET:
+        try:
+            return io.raise_opset(model, wanted, why=f"{high_precision} convolutions and poolings")[0]
+        except QdqError as e:
+            report.warnings.append(f"{e.problem}; the ops whose opset-{PRECISION_OPSET} schema has no {high_precision} "
+                                   f"(Conv, pooling) stay float32 behind Casts")
+    return io.raise_opset(model, PRECISION_OPSET, why=f"{high_precision} Q/DQ scales")[0]
 
 
 def _check(model: proto.ModelProto, what: str) -> None:
@@ -542,7 +555,7 @@ def _check_raised(model: proto.ModelProto, high_precision: str, report: InsertRe
         io.check(model)
     except proto.CHECK_ERRORS as e:
         raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
-    report.warnings.append(f"at opset {PRECISION_OPSET} the ONNX checker rejects the declared output shapes "
+    report.warnings.append(f"at opset {io.opset_of(model)} the ONNX checker rejects the declared output shapes "
                            f"({first}); the written model declares the shapes inference finds")
 
 

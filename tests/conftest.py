@@ -43,3 +43,12 @@ def model_and_data(tmp_path):
     dp = tmp_path / "calib.npz"
     np.savez(dp, **motifs.sample_data(m))
     return mp, dp
+
+
+def pytest_sessionstart(session):
+    # QDQGRAPH_COLLECT_WRITTEN=DIR: keep a copy of every model qdqgraph writes (tests/collect_written.py;
+    # .ci/check_written.py checks and builds them)
+    folder = os.environ.get("QDQGRAPH_COLLECT_WRITTEN")
+    if folder:
+        import collect_written
+        collect_written.start(Path(folder))

@@ -2,6 +2,7 @@
 `strip`/`report`/`fix`, SIGTERM, --debug's exit code, and the Python API's argument checks. Each case
 gives exit 2 and one line `qdqgraph: error: <problem>; <fix>` (or exits 0 having done the right
 thing), as docs/BAD_INPUT.md lists (cases 20 on); models are tiny and built in code."""
+import importlib.util
 import os
 import stat
 import subprocess
@@ -554,33 +555,56 @@ def test_28_fix_keeps_the_attention_insert_kept_float(tmp_path, capsys, calib):
 
 # ---------------------------------- 29. a plan with no INT8 layer is not written as a quantized model
 
-def tiny_conv_chain(blocks: int = 10, c: int = 4) -> onnx.ModelProto:
-    """Residual blocks of convs with 4 channels (placement keeps them float, P10-tiny-conv), whose
-    Adds the residual rule quantizes: every Q/DQ is a standalone reformat."""
+def tiny_conv_chain(blocks: int = 10, c: int = 4, wide_blocks: int = 0, wide: int = 32) -> onnx.ModelProto:
+    """Residual blocks of convs with `c` channels (placement keeps them float, P10-tiny-conv), after
+    `wide_blocks` blocks of `wide` channels (INT8 convs) and a 1x1 conv down to `c` channels."""
     import motifs
     g = motifs.G("tiny_conv_chain")
-    y = g.input("x", ["n", c, 16, 16])
+    y = g.input("x", ["n", wide if wide_blocks else c, 16, 16])
 
-    def conv(x, name):
-        return g.node("Conv", [x, g.weight(f"{name}.w", (c, c, 3, 3), 0.02)], name=name, kernel_shape=[3, 3],
-                      pads=[1] * 4)
-    for b in range(blocks):
-        a = conv(g.node("Relu", [conv(y, f"b{b}.conv1")], name=f"b{b}.relu1"), f"b{b}.conv2")
-        y = g.node("Relu", [g.node("Add", [a, y], name=f"b{b}.add")], name=f"b{b}.relu2")
+    def conv(x, name, cin, cout, k=3):
+        return g.node("Conv", [x, g.weight(f"{name}.w", (cout, cin, k, k), 0.02)], name=name, kernel_shape=[k, k],
+                      pads=[k // 2] * 4)
+
+    def block(y, b, width):
+        a = conv(g.node("Relu", [conv(y, f"b{b}.conv1", width, width)], name=f"b{b}.relu1"), f"b{b}.conv2",
+                 width, width)
+        return g.node("Relu", [g.node("Add", [a, y], name=f"b{b}.add")], name=f"b{b}.relu2")
+    for b in range(wide_blocks):
+        y = block(y, b, wide)
+    if wide_blocks:
+        y = g.node("Relu", [conv(y, "narrow", wide, c, 1)], name="narrow.relu")
+    for b in range(wide_blocks, wide_blocks + blocks):
+        y = block(y, b, c)
     g.node("Identity", [y], ["y"], name="out")
     g.output("y")
     return g.model()
 
 
+# P6 as it was: the skip of every residual Add quantized, whatever precision the branch's conv runs in
+_P6_WHATEVER_THE_CONV = """schema = 1
+[[rule]]
+id = "P6-residual-add"
+doc = "Add(conv_branch, skip) -> Add(conv_branch, DQ(Q(skip)))"
+ref = "TRT_RULES.md P6"
+op = "add"
+when = ["residual_skip"]
+quantize = [{ input = "$skip", kind = "activation" }]
+"""
+
+
 @pytest.mark.parametrize("blocks", [10, 300])
 def test_29_no_int8_layer_no_qdq_written(tmp_path, capsys, blocks):
-    """Was: "0 INT8, 20 reformats" and the Q/DQ written anyway (output SQNR 22.5 dB for nothing)."""
+    """Was: "0 INT8, 20 reformats" and the Q/DQ written anyway (output SQNR 22.5 dB for nothing). The
+    residual rule no longer quantizes these Adds (the next test); a rules file that does still gets
+    the plan refused as a whole, whatever the model's size."""
     import motifs
     m = tiny_conv_chain(blocks)
-    mp, dp, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx"
+    mp, dp, out, rules = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx", tmp_path / "p6.toml"
     onnx.save(m, mp)
     np.savez(dp, **motifs.sample_data(m, n=4))
-    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out)]) == 0
+    rules.write_text(_P6_WHATEVER_THE_CONV)
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), "--rules", str(rules)]) == 0
     captured = capsys.readouterr()
     written = onnx.load(str(out))
     assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in written.graph.node}
@@ -593,6 +617,53 @@ def test_29_no_int8_layer_no_qdq_written(tmp_path, capsys, blocks):
     import re
     sqnr = float(re.search(r"output y: cosine [\d.]+, SQNR ([\d.]+) dB", captured.out).group(1))
     assert sqnr > 60, captured.out                        # float with FP16 islands (was 22.5 dB at 10 blocks)
+
+
+def _qdq_only_kernels(layer_json: Path) -> list[str]:
+    """The compiled kernels that only scale, round and cast (a quantize, or a quantize-dequantize
+    round trip computed in float), from `build --layer-info`."""
+    import json
+
+    from qdqgraph.backends.listing import fused_ops
+    names = [x["Name"] for x in json.loads(layer_json.read_text())["Layers"]]
+    return [n for n in names if "Roun" in fused_ops(n) and set(fused_ops(n)) <= {"Mul", "Min", "Max", "Roun", "Cast"}]
+
+
+@pytest.mark.parametrize("wide_blocks", [0, 3])
+def test_29_residual_adds_beside_float_convs_get_no_qdq(tmp_path, capsys, wide_blocks):
+    """An Add whose branch conv runs in float (P10-tiny-conv) gets no Q/DQ on its skip: it cannot run in
+    the conv's INT8 epilogue, so the Q/DQ would only be reformats. Adds beside INT8 convs keep theirs.
+    The compiled engine (TensorRT for RTX) then has no kernel that only quantizes, but the one that
+    quantizes the network's input for the first INT8 conv."""
+    import motifs
+    from qdqgraph.graph import io
+    from qdqgraph.placement.planner import plan_placement
+    m = tiny_conv_chain(6, wide_blocks=wide_blocks)
+    plan = plan_placement(io.load(m).graph)
+    adds = {f"b{b}.add": plan.decisions[f"b{b}.add"] for b in range(wide_blocks + 6)}
+    assert [d.quantized for d in adds.values()] == [True] * wide_blocks + [False] * 6
+    assert all(d.rule == "P6-residual-add" and "runs in float (P10-tiny-conv)" in d.reason
+               for d in list(adds.values())[wide_blocks:])
+    mp, dp, rules = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "p6.toml"
+    onnx.save(m, mp)
+    np.savez(dp, **motifs.sample_data(m, n=4))
+    rules.write_text(_P6_WHATEVER_THE_CONV)
+    if importlib.util.find_spec("tensorrt_rtx") is None:
+        pytest.skip("needs TensorRT for RTX to compile: pip install 'qdqgraph[rtx]'")
+    found = {}
+    for label, extra in (("now", []), ("before", ["--rules", str(rules)])):
+        out, layers = tmp_path / f"{label}.onnx", tmp_path / f"{label}.json"
+        assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), *extra]) == 0
+        text = capsys.readouterr().out
+        assert main(["build", str(out), "-o", str(tmp_path / f"{label}.engine"), "--calib", str(dp),
+                     "--layer-info", str(layers)]) == 0
+        capsys.readouterr()
+        found[label] = (text, _qdq_only_kernels(layers))
+    text, kernels = found["now"]
+    assert "reformats (0 inside the network)" in text and ("0 INT8" in text) == (not wide_blocks), text
+    assert len(kernels) == (1 if wide_blocks else 0), kernels
+    if wide_blocks:                # as it was: each tiny block's skip quantized and dequantized in float
+        assert len(found["before"][1]) > len(kernels), found["before"][1]
 
 
 def test_29_repeated_warnings_are_counted_not_printed(capsys):
@@ -778,3 +849,65 @@ def test_32_bf16_islands_are_predicted_and_verify_says_why_it_is_skipped(tmp_pat
     assert "simulation failed" not in err and "TensorRT prediction:" in out
     assert "verify skipped: onnxruntime's CPU has no bfloat16 kernels" in out
     onnx.checker.check_model(onnx.load(str(tmp_path / "b.onnx")), full_check=True)
+
+
+def _casts_and_kept(model: onnx.ModelProto) -> tuple[int, list[str]]:
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    kept = [n.op_type for n in model.graph.node if n.op_type not in ("Cast", "QuantizeLinear", "DequantizeLinear")
+            and any(v.type.tensor_type.elem_type == TensorProto.FLOAT for v in model.graph.value_info
+                    if v.name in n.output)]
+    return len(casts), kept
+
+
+def test_32_bf16_islands_are_bf16_like_fp16_islands_and_predicted_as_compiled(tmp_path, capsys):
+    """--high-precision bf16 at opset 19 kept every Conv and MaxPool float32 behind Casts (their
+    opset-19 schemas allow float16 but not bfloat16): 29 ops kept, 12 Casts, a prediction of 15
+    reformats for the datacenter rules and 3 for TensorRT for RTX, whose compiler fused the Casts away
+    and listed 1. The islands are now written at opset 22, as BF16 as FP16's, and the prediction for
+    TensorRT for RTX matches its compiled engine."""
+    from qdqgraph import quantize
+    from qdqgraph.graph.example import smooth_images, tiny_resnet
+    m, data = tiny_resnet(), {"input": smooth_images(8)}
+    fp16 = onnx.shape_inference.infer_shapes(quantize(m, data, high_precision="fp16").model)
+    bf16 = onnx.shape_inference.infer_shapes(quantize(m, data, high_precision="bf16").model)
+    assert {o.version for o in bf16.opset_import if o.domain in ("", "ai.onnx")} == {22}
+    assert _casts_and_kept(bf16) == _casts_and_kept(fp16), (_casts_and_kept(bf16), _casts_and_kept(fp16))
+    convs = [n for n in bf16.graph.node if n.op_type == "Conv"]
+    types = {v.name: v.type.tensor_type.elem_type for v in bf16.graph.value_info}
+    assert convs and all(types[n.output[0]] == TensorProto.BFLOAT16 for n in convs)
+    if importlib.util.find_spec("tensorrt_rtx") is None:
+        pytest.skip("needs TensorRT for RTX to compile: pip install 'qdqgraph[rtx]'")
+    mp, dp, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "b.onnx"
+    onnx.save(m, mp)
+    np.savez(dp, **data)
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), "--high-precision", "bf16",
+                 "--target", "tensorrt-rtx"]) == 0
+    capsys.readouterr()
+    assert main(["build", str(out), "-o", str(tmp_path / "b.engine"), "--calib", str(dp)]) == 0
+    import re
+    said = re.search(r"standalone quantize kernels: predicted (\d+), compiled (\d+)", capsys.readouterr().out)
+    assert said and said.group(1) == said.group(2), said
+
+
+def test_32_bf16_islands_of_a_model_that_cannot_reach_opset_22_say_so(monkeypatch):
+    import qdqgraph
+    from qdqgraph.graph import io
+    from qdqgraph.graph.example import smooth_images, tiny_resnet
+    real = io.raise_opset
+
+    def no_22(model, minimum=13, why=""):
+        if minimum >= 22:
+            raise QdqError(f"the model's opset could not be raised to {minimum}, which {why} needs (no adapter)",
+                           "re-export")
+        return real(model, minimum, why)
+    monkeypatch.setattr(io, "raise_opset", no_22)
+    r = qdqgraph.quantize(tiny_resnet(), {"input": smooth_images(4)}, high_precision="bf16")
+    assert {o.version for o in r.model.opset_import if o.domain in ("", "ai.onnx")} == {19}
+    said = [w for w in r.report.warnings if "could not be raised to 22" in w]
+    assert len(said) == 1 and "stay float32 behind Casts" in said[0], r.report.warnings
+    assert sum(n.op_type == "Cast" for n in r.model.graph.node) > 2        # the convolutions' Casts
+
+
+def test_32_a_bfloat16_kernel_type_reads_as_bf16_not_fp32():
+    from qdqgraph.trtsim.engine_report import precision_of
+    assert [precision_of(t) for t in ("BFloat16", "BF16 format", "Float", "Half")] == ["bf16", "bf16", "fp32", "fp16"]

@@ -12,7 +12,7 @@ def _folded(model, monkeypatch, shortcut: bool) -> tuple[bytes, dict]:
     loaded = io.load(model)
     with monkeypatch.context() as m:
         if not shortcut:
-            m.setattr(constants, "foldable", lambda graph: True)
+            m.setattr(constants, "_foldable", lambda graph: True)
         r = constants.fold_constants(loaded.graph)
     return io.to_model(loaded).SerializeToString(), r.counts
 
@@ -20,7 +20,7 @@ def _folded(model, monkeypatch, shortcut: bool) -> tuple[bytes, dict]:
 def test_a_graph_with_nothing_to_fold_is_left_as_graphsurgeon_leaves_it(monkeypatch):
     for name in ("residual_add", "conv_bn_relu", "se_block", "concat_of_pools"):
         m = motifs.ALL[name]()
-        assert not constants.foldable(io.load(m).graph), name
+        assert not constants._foldable(io.load(m).graph), name
         assert _folded(m, monkeypatch, True) == _folded(m, monkeypatch, False), name
 
 
@@ -46,7 +46,7 @@ def _with(node_op: str) -> onnx.ModelProto:
 def test_what_folding_changes_takes_graphsurgeons_path(monkeypatch):
     for op in ("Constant", "Shape", "constant inputs"):
         m = _with(op)
-        assert constants.foldable(io.load(m).graph), op
+        assert constants._foldable(io.load(m).graph), op
         data, counts = _folded(m, monkeypatch, True)
         assert counts["folded"] >= 1, op
         assert (data, counts) == _folded(m, monkeypatch, False), op

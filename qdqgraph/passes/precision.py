@@ -23,7 +23,10 @@ Where calibration data is at hand, `measure_ranges` runs the float32 Q/DQ model 
 and every op whose float output reaches `RANGE_LIMIT` stays float32 too (rule H5): FP16 overflows
 at 65504, and the limit keeps headroom for inputs the samples did not show.
 
-Q/DQ with float16/bfloat16 scales need opset 19; the model is converted first.
+Q/DQ with float16/bfloat16 scales need opset 19; the model is converted first. BF16 islands need
+opset 22 (`island_opset`): before it, the schemas of Conv, ConvTranspose, the poolings and most
+activations allow float16 but not bfloat16, so at opset 19 those ops would stay float32 behind Casts
+on both sides. Where a model cannot be raised to 22, it is raised to 19 and those ops stay float32.
 """
 from __future__ import annotations
 
@@ -48,8 +51,14 @@ ISLAND_TYPES = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat1
 HIGH_PRECISIONS = ("fp16", "bf16", "fp32")
 RANGE_LIMIT = 8192.0           # |x| seen in calibration above which an op's output stays float32 (H5)
 MIN_OPSET = 19                 # float16/bfloat16 scales on QuantizeLinear/DequantizeLinear
+BF16_OPSET = 22                # bfloat16 in Conv, ConvTranspose, pooling and most activations
 _ONNX_NAME = {np.dtype(np.float16): "tensor(float16)", np.dtype(ml_dtypes.bfloat16): "tensor(bfloat16)",
               F32: "tensor(float)"}
+
+
+def island_opset(high_precision: str) -> int:
+    """The opset the islands of `high_precision` are written at, at least (see the module doc)."""
+    return BF16_OPSET if high_precision == "bf16" else MIN_OPSET
 
 
 @dataclass(frozen=True)

@@ -346,6 +346,27 @@ def c_residual_skip(ctx, node, arg):
     return hit(skip=ia if da[lca] < db[lca] else ib)
 
 
+@CONDITIONS.register("residual_branch_quantized")
+def c_residual_branch_quantized(ctx, node, arg):
+    """The conv at the head of the residual Add's branch (the input that is not its skip) is quantized
+    in the plan so far. Stage 1 decides nodes in graph order, so that conv is decided already."""
+    found = c_residual_skip(ctx, node, arg)
+    if not found:
+        return found
+    skip = found.captures["skip"]
+    v = ctx.graph
+    branch = [t for i, t in enumerate(node.inputs) if i != skip and t.name and not v.is_constant(t)]
+    conv = _backbone(ctx, branch[0]) if branch else None
+    if conv is None:
+        return miss("no conv pattern on the branch beside the skip")
+    d = ctx.plan.decisions.get(conv.name)
+    if d is None or not d.quantized:
+        why = f" ({d.rule})" if d is not None else ""
+        return miss(f"the conv on the branch beside the skip runs in float{why}, so the Add cannot run in its INT8 "
+                    "epilogue and a Q/DQ on the skip would be a standalone reformat (F6)")
+    return hit()
+
+
 def _gate_source(ctx, t, other: gs.Tensor, limit=10):
     """Walk back from a gate tensor: 'se' if it reaches a global pooling, 'self' if it reaches
     `other` (x * sigmoid(x)), else None."""

@@ -14,6 +14,7 @@ from ..graph import attention
 from ..precisions.formats import FOUR_BIT_TYPES, ZERO_POINT_TYPES
 from ..ops import attr_str, inference_no_op, nearest_resize
 from ..graph.pointwise import region_from
+from ..graph.view import is_float_dtype
 from ..rulebook.match import Conditions, Context, Match, hit, miss
 from ..rulebook.match import op_matches as _op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
@@ -130,6 +131,16 @@ def c_float_outputs(ctx, node, arg):
     for o in node.outputs:
         if o and ctx.graph.consumers(o) and not ctx.graph.is_float(o):
             return miss(f"output {o} is not a float tensor")
+    return hit()
+
+
+@CONDITIONS.register("outputs_not_bf16")
+def c_outputs_not_bf16(ctx, node, arg):
+    """No used output is bfloat16 (a BF16 island's op)."""
+    for o in node.outputs:
+        t = ctx.graph.tensors.get(o)
+        if o and ctx.graph.consumers(o) and t is not None and _is_bf16(t.dtype):
+            return miss(f"output {o} is bfloat16")
     return hit()
 
 
@@ -563,3 +574,6 @@ def c_attention_int8(ctx, node, arg):
         return miss(f"the output of {block.softmax.name} is not quantized right after it")
     return hit()
 
+
+def _is_bf16(dtype) -> bool:
+    return dtype is not None and is_float_dtype(dtype) and not np.issubdtype(np.dtype(dtype), np.floating)

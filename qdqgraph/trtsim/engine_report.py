@@ -29,7 +29,7 @@ _LAYOUT_PREFIX = "Reformatting CopyNode"
 
 
 def precision_of(fmt: str | None) -> str | None:
-    """'Thirty-two wide channel vectorized row major Int8 format' -> int8; FP16/Half -> fp16; FP32/Float -> fp32."""
+    """'Thirty-two wide channel vectorized row major Int8 format' -> int8; FP16/Half -> fp16; BF16/BFloat16 -> bf16; FP32/Float -> fp32."""
     if not fmt:
         return None
     f = fmt.lower()
@@ -39,10 +39,10 @@ def precision_of(fmt: str | None) -> str | None:
         return "int4"
     if "fp16" in f or "half" in f:
         return "fp16"
+    if "bf16" in f or "bfloat" in f:        # before "float": BFloat16 holds the word
+        return "bf16"
     if "fp32" in f or "float" in f:
         return "fp32"
-    if "bf16" in f or "bfloat" in f:
-        return "bf16"
     if "fp8" in f:
         return "fp8"
     if "int32" in f:

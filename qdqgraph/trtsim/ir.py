@@ -301,12 +301,15 @@ class SimGraph:
         return t is not None and is_float_dtype(t.dtype) and not self.is_int8(tensor)
 
     def float_precision(self, tensor: str) -> str:
-        """fp16 when the tensor is float16, else fp32 (strong typing: DQ output type = scale type)."""
+        """fp16 or bf16 when the tensor is float16 or bfloat16, else fp32 (strong typing: DQ output
+        type = scale type)."""
         t = self.tensors.get(tensor)
         p = self.producer(tensor)
         dtype = t.dtype if t is not None else None
         if p is not None and p.role == DQ and p.qp is not None:
             dtype = p.qp.float_dtype
+        if dtype is not None and _is_bfloat16(dtype):
+            return "bf16"
         return "fp16" if dtype is not None and np.dtype(dtype) == np.float16 else "fp32"
 
     def precision(self, tensor: str) -> str:
