@@ -204,8 +204,7 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
     onnxruntime's threads per lane (default: the cores shared among the lanes; a Ray task, which
     has one core of a node whose cores other tasks use, passes 1)."""
     providers = providers or ["CPUExecutionProvider"]
-    tensors = sorted({t for members in groups.values() for t in members})
-    owner = {t: rep for rep, members in groups.items() for t in members}
+    tensors, owner = _tensors_and_owners(groups)
     histogram = method != "max"
     compiled = COMPILED
     if compiled:                         # max sees every value, whatever the stride
@@ -213,14 +212,7 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
     else:
         graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride)
     shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
-    if lanes is None:
-        lanes = default_lanes()
-    if lanes < 1:
-        raise QdqError(f"lanes must be at least 1, got {lanes}", "pass 1 (one batch at a time) or more")
-    if not compiled or list(providers) != ["CPUExecutionProvider"]:
-        lanes = 1                        # one GPU stream; the index graph's path stays sequential
-    if threads is None:
-        threads = max(1, cores() // lanes) if lanes > 1 else 0
+    lanes, threads = _lanes_and_threads(lanes, threads, compiled, providers)
     if compiled:
         observed = [f for f in fetch.values() if f]
         sess, blocked = unordered_session(shell, observed, providers, threads=threads)
@@ -228,10 +220,7 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
         sess = graph_session(shell, providers)
     states = {rep: new_state(method) for rep in groups}
     start = time.perf_counter()
-
-    # every histogram range starts from the data set's first sample, whatever the batch size and
-    # also in a shard: then batching and sharding do not change the histograms (histogram.py)
-    seed = data.origin() if histogram and (data.first > 0 or (batch_size > 1 and data.batchable())) else None
+    seed = _seed(data, histogram, batch_size)
 
     if compiled:
         try:
@@ -246,17 +235,52 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
         seen, runs = _collect_histograms(sess, probes, owner, states, data.counted_batches(batch_size), progress,
                                          data.origin() if seed is None else seed)
     else:
-        seen = runs = 0
-        amax_names = [p.amax_out for p in probes]
-        for feed, n in data.counted_batches(batch_size):
-            for p, v in zip(probes, _run(sess, amax_names, feed, seen)):
-                _check(v, p.tensor, seen)
-                states[owner[p.tensor]].add(v, 0)
-            runs += 1
-            seen += n
-            if progress is not None:
-                progress(n)
+        seen, runs = _collect_maxima(sess, probes, owner, states, data.counted_batches(batch_size), progress)
     return Collected(states, seen, time.perf_counter() - start, runs, list(sess.get_providers()))
+
+
+def _tensors_and_owners(groups: dict[str, list[str]]) -> tuple[list[str], dict[str, str]]:
+    """The tensors of all groups, sorted, and the representative whose state each one feeds."""
+    tensors = sorted({t for members in groups.values() for t in members})
+    owner = {t: rep for rep, members in groups.items() for t in members}
+    return tensors, owner
+
+
+def _lanes_and_threads(lanes: int | None, threads: int | None, compiled: bool,
+                       providers: list[str]) -> tuple[int, int]:
+    """The lanes (checked, 1 unless the compiled kernel runs on the CPU) and onnxruntime's threads per lane."""
+    if lanes is None:
+        lanes = default_lanes()
+    if lanes < 1:
+        raise QdqError(f"lanes must be at least 1, got {lanes}", "pass 1 (one batch at a time) or more")
+    if not compiled or list(providers) != ["CPUExecutionProvider"]:
+        lanes = 1                        # one GPU stream; the index graph's path stays sequential
+    if threads is None:
+        threads = max(1, cores() // lanes) if lanes > 1 else 0
+    return lanes, threads
+
+
+def _seed(data: CalibrationData, histogram: bool, batch_size: int) -> dict | None:
+    """The sample that starts every histogram range, where batching or sharding would start it elsewhere."""
+    # every histogram range starts from the data set's first sample, whatever the batch size and
+    # also in a shard: then batching and sharding do not change the histograms (histogram.py)
+    return data.origin() if histogram and (data.first > 0 or (batch_size > 1 and data.batchable())) else None
+
+
+def _collect_maxima(sess, probes, owner, states, batches, progress) -> tuple[int, int]:
+    """Run the batches through the ReduceMax graph and add each tensor's max|x| to its state.
+    Returns (samples, runs)."""
+    seen = runs = 0
+    amax_names = [p.amax_out for p in probes]
+    for feed, n in batches:
+        for p, v in zip(probes, _run(sess, amax_names, feed, seen)):
+            _check(v, p.tensor, seen)
+            states[owner[p.tensor]].add(v, 0)
+        runs += 1
+        seen += n
+        if progress is not None:
+            progress(n)
+    return seen, runs
 
 
 def _check(amax, tensor, sample):

@@ -231,33 +231,55 @@ def _drop_reorders(model: proto.ModelProto, outputs: set[str]) -> BlockedOutputs
     g = model.graph
     used = _inputs_read(g)
     producer = {o: n for n in g.node for o in n.output}
-    fetch, channels, dropped = {n: n for n in outputs}, {}, []
+    fetch = {n: n for n in outputs}
+    channels: dict[str, int] = {}
+    dropped = []
     outs = [o.name for o in g.output]
     for name in outs:
         if name not in outputs:
             continue
         n = producer.get(name)
-        if n is None or n.domain != _NCHWC or n.op_type != _REORDER_OUTPUT or name in used:
+        found = _blocked_source(n, name, used, outs, channels)
+        if found is None:
             continue
-        attrs = {a.name: proto.attribute_value(a) for a in n.attribute}
-        c, src = attrs.get("channels", 0), n.input[0]
-        if attrs.get("channels_last", 0) or c <= 0 or c % NCHWC_LARGEST_BLOCK or src in outs or src in channels:
-            continue
-        fetch[name], channels[src] = src, int(c)
+        src, c = found
+        fetch[name], channels[src] = src, c
         dropped.append(n)
     if dropped:                          # one rebuild: removing one by one is quadratic in protobuf
-        gone = {n.output[0] for n in dropped}
-        kept = []
-        for n in g.node:
-            if not (n.op_type == _REORDER_OUTPUT and n.output and n.output[0] in gone):
-                kept.append(proto.copy_node(n))
-        del g.node[:]
-        g.node.extend(kept)
+        _remove_reorders(g, dropped)
+    _retarget_outputs(g, fetch)
+    return BlockedOutputs(fetch, channels)
+
+
+def _blocked_source(n, name: str, used: set[str], outs: list[str],
+                    channels: dict[str, int]) -> tuple[str, int] | None:
+    """(blocked input, channels) when `n`, the producer of output `name`, is a ReorderOutput that can go; else None."""
+    if n is None or n.domain != _NCHWC or n.op_type != _REORDER_OUTPUT or name in used:
+        return None
+    attrs = {a.name: proto.attribute_value(a) for a in n.attribute}
+    c, src = attrs.get("channels", 0), n.input[0]
+    if attrs.get("channels_last", 0) or c <= 0 or c % NCHWC_LARGEST_BLOCK or src in outs or src in channels:
+        return None
+    return src, int(c)
+
+
+def _remove_reorders(g: proto.GraphProto, dropped: list) -> None:
+    """Rebuild the node list of `g` without the ReorderOutput nodes in `dropped`."""
+    gone = {n.output[0] for n in dropped}
+    kept = []
+    for n in g.node:
+        if not (n.op_type == _REORDER_OUTPUT and n.output and n.output[0] in gone):
+            kept.append(proto.copy_node(n))
+    del g.node[:]
+    g.node.extend(kept)
+
+
+def _retarget_outputs(g: proto.GraphProto, fetch: dict[str, str]) -> None:
+    """Turn each graph output that is fetched from another tensor into that tensor (float)."""
     for o in g.output:
         if o.name in fetch and fetch[o.name] != o.name:
             new = fetch[o.name]
             o.CopyFrom(proto.value_info(new, proto.FLOAT))
-    return BlockedOutputs(fetch, channels)
 
 
 def _inputs_read(g: proto.GraphProto) -> set[str]:

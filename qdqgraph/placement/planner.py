@@ -167,37 +167,53 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
         for node in (view.nodes if stage == 1 else reversed(view.nodes)):
             if node.name in plan.decisions:
                 continue
-            candidates = [r for r in ruleset.rules if _op_matches(view, r, node)]
-            if stage == 1 and node.name in excluded:
-                rule, why = excluded[node.name]
-                forced = rule.advisory and selection.included(node) and candidates
-                if not forced:
-                    if candidates or (rule.op not in (None, "any")):
-                        plan.decisions[node.name] = Decision(node.name, node.op, False, rule.id, why)
-                    continue
-            if not candidates:
-                continue
-            user = selection.excluded(node)
-            if user:
-                plan.decisions[node.name] = Decision(node.name, node.op, False, *user)
-                continue
-            near: tuple[str, str] | None = None
-            for rule in (r for r in candidates if r.stage == stage):
-                m = _evaluate(ctx, rule, node)
-                if m:
-                    for index, target in _targets(view, rule, node, m.captures):
-                        _add_site(plan, view, node, index, target, rule)
-                    plan.decisions[node.name] = Decision(node.name, node.op, True, rule.id, rule.doc)
-                    break
-                near = near or (rule.id, m.reason)
-            else:
-                if near and not any(r.stage > stage for r in candidates):
-                    plan.decisions[node.name] = Decision(node.name, node.op, False, *near)
+            _decide(view, plan, ctx, ruleset, selection, excluded, stage, node)
     _merge_groups(plan, _resize_links(plan, view))
+    _mark_exact_ranges(plan, view)
+    return plan
+
+
+def _decide(view: GraphView, plan: Plan, ctx: Context, ruleset: RuleSet, selection: Selection,
+            excluded: dict[str, tuple[Rule, str]], stage: int, node) -> None:
+    """Decide one undecided node at one stage: excluded (by a rule or the user) or left to its rules."""
+    candidates = [r for r in ruleset.rules if _op_matches(view, r, node)]
+    if stage == 1 and node.name in excluded:
+        rule, why = excluded[node.name]
+        forced = rule.advisory and selection.included(node) and candidates
+        if not forced:
+            if candidates or (rule.op not in (None, "any")):
+                plan.decisions[node.name] = Decision(node.name, node.op, False, rule.id, why)
+            return
+    if not candidates:
+        return
+    user = selection.excluded(node)
+    if user:
+        plan.decisions[node.name] = Decision(node.name, node.op, False, *user)
+        return
+    _apply_rules(view, plan, ctx, candidates, stage, node)
+
+
+def _apply_rules(view: GraphView, plan: Plan, ctx: Context, candidates: list[Rule], stage: int, node) -> None:
+    """Quantize the node by the first of this stage's rules that matches, else record the nearest miss."""
+    near: tuple[str, str] | None = None
+    for rule in (r for r in candidates if r.stage == stage):
+        m = _evaluate(ctx, rule, node)
+        if m:
+            for index, target in _targets(view, rule, node, m.captures):
+                _add_site(plan, view, node, index, target, rule)
+            plan.decisions[node.name] = Decision(node.name, node.op, True, rule.id, rule.doc)
+            break
+        near = near or (rule.id, m.reason)
+    else:
+        if near and not any(r.stage > stage for r in candidates):
+            plan.decisions[node.name] = Decision(node.name, node.op, False, *near)
+
+
+def _mark_exact_ranges(plan: Plan, view: GraphView) -> None:
+    """Give activation sites that hold only 0 and 1 (a Cast from bool) the range 1.0, not a calibrated one."""
     for site in plan.activation_sites():
         if site.tensor in view.tensors and exact_zero_one(view, view.tensors[site.tensor]):
             site.exact_amax = 1.0
-    return plan
 
 
 def explain(graph: gs.Graph, node_name: str, rule_id: str, ruleset: RuleSet | None = None,

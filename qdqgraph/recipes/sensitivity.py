@@ -102,44 +102,64 @@ def switchable(quant_graph: gs.Graph, plan: Plan, only: set[str] | None = None,
         if node is None or (only is not None and name not in only):
             continue
         flag = gs.Variable(f"qdqgraph_unit_{k}", dtype=np.bool_, shape=[])
-        used = False
-        for i, t in enumerate(list(node.inputs)):
-            p = t.inputs[0] if t.inputs else None
-            if p is None or p.op != DEQUANTIZE:
-                continue
-            src = p.inputs[0]
-            q = src.inputs[0] if src.inputs else None
-            sel = gs.Variable(f"{t.name}_sel_{k}_{i}", dtype=np.float32, shape=t.shape)
-            then_out = gs.Variable(f"{sel.name}_int8", dtype=np.float32)
-            if q is not None and q.op == QUANTIZE:
-                float_t = q.inputs[0]
-                q8 = gs.Variable(f"{sel.name}_q", dtype=src.dtype)
-                then_nodes = [gs.Node(QUANTIZE, name=f"{sel.name}_qn", inputs=[float_t, *q.inputs[1:]],
-                                      outputs=[q8], attrs=dict(q.attrs)),
-                              gs.Node(DEQUANTIZE, name=f"{sel.name}_dqn", inputs=[q8, *p.inputs[1:]],
-                                      outputs=[then_out], attrs=dict(p.attrs))]
-            elif isinstance(src, gs.Constant):   # INT8 weight: both values are constants
-                scale = p.inputs[1].values
-                axis = p.attrs.get("axis")
-                shape = [-1 if (axis is not None and dim == axis % src.values.ndim) else 1
-                         for dim in range(src.values.ndim)] if np.ndim(scale) else []
-                deq = (src.values.astype(np.float32) * (scale.reshape(shape) if shape else scale)).astype(np.float32)
-                original = originals[name].inputs[i] if name in originals and i < len(originals[name].inputs) else None
-                if isinstance(original, gs.Constant) and original.values.shape == deq.shape:
-                    deq = np.asarray(original.values, dtype=np.float32)
-                float_t = gs.Constant(f"{src.name}_float", deq)
-                then_nodes = [gs.Node(DEQUANTIZE, name=f"{sel.name}_dqn", inputs=list(p.inputs),
-                                      outputs=[then_out], attrs=dict(p.attrs))]
-            else:
-                continue
-            g.nodes.append(_if(flag, f"qdqgraph_switch_{k}_{i}", then_nodes, then_out, float_t, sel))
-            node.inputs[i] = sel
-            used = True
-        if used:
+        if _switch_unit(g, node, k, flag, originals.get(name)):
             g.inputs.append(flag)
             flags[name] = flag.name
     g.cleanup().toposort()
     return g, flags
+
+
+def _switch_unit(g: gs.Graph, node: gs.Node, k: int, flag: gs.Variable, original: gs.Node | None) -> bool:
+    """Route each dequantized input of unit `k` through If(flag); whether any input was routed."""
+    used = False
+    for i, t in enumerate(list(node.inputs)):
+        p = t.inputs[0] if t.inputs else None
+        if p is None or p.op != DEQUANTIZE:
+            continue
+        branch = _int8_branch(t, p, k, i, original)
+        if branch is None:
+            continue
+        then_nodes, then_out, float_t, sel = branch
+        g.nodes.append(_if(flag, f"qdqgraph_switch_{k}_{i}", then_nodes, then_out, float_t, sel))
+        node.inputs[i] = sel
+        used = True
+    return used
+
+
+def _int8_branch(t: gs.Tensor, p: gs.Node, k: int, i: int, original: gs.Node | None) -> tuple | None:
+    """(INT8 nodes, their output, float tensor, switched tensor) for input `i` of unit `k`, read
+    through the DQ `p`; None when the DQ reads neither a Q nor a constant."""
+    src = p.inputs[0]
+    q = src.inputs[0] if src.inputs else None
+    sel = gs.Variable(f"{t.name}_sel_{k}_{i}", dtype=np.float32, shape=t.shape)
+    then_out = gs.Variable(f"{sel.name}_int8", dtype=np.float32)
+    if q is not None and q.op == QUANTIZE:
+        float_t = q.inputs[0]
+        q8 = gs.Variable(f"{sel.name}_q", dtype=src.dtype)
+        then_nodes = [gs.Node(QUANTIZE, name=f"{sel.name}_qn", inputs=[float_t, *q.inputs[1:]],
+                              outputs=[q8], attrs=dict(q.attrs)),
+                      gs.Node(DEQUANTIZE, name=f"{sel.name}_dqn", inputs=[q8, *p.inputs[1:]],
+                              outputs=[then_out], attrs=dict(p.attrs))]
+    elif isinstance(src, gs.Constant):   # INT8 weight: both values are constants
+        float_t = gs.Constant(f"{src.name}_float", _float_weight(src, p, original, i))
+        then_nodes = [gs.Node(DEQUANTIZE, name=f"{sel.name}_dqn", inputs=list(p.inputs),
+                              outputs=[then_out], attrs=dict(p.attrs))]
+    else:
+        return None
+    return then_nodes, then_out, float_t, sel
+
+
+def _float_weight(src: gs.Constant, p: gs.Node, original: gs.Node | None, i: int) -> np.ndarray:
+    """A unit's float weight: input `i` of the float graph's node when it fits, else the INT8 weight dequantized."""
+    scale = p.inputs[1].values
+    axis = p.attrs.get("axis")
+    shape = [-1 if (axis is not None and dim == axis % src.values.ndim) else 1
+             for dim in range(src.values.ndim)] if np.ndim(scale) else []
+    deq = (src.values.astype(np.float32) * (scale.reshape(shape) if shape else scale)).astype(np.float32)
+    weight = original.inputs[i] if original is not None and i < len(original.inputs) else None
+    if isinstance(weight, gs.Constant) and weight.values.shape == deq.shape:
+        deq = np.asarray(weight.values, dtype=np.float32)
+    return deq
 
 
 def _feed(batch: dict, flags: dict, on: set[str]) -> dict:

@@ -121,18 +121,8 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
     """Arrays by input name from a file or a dict given through the Python API; from a folder, a
     list of such dicts, one per file; from a folder of images, one array made with `preprocess`.
     Arrays named in `ignore` (inputs fixed to constants) are dropped."""
-    if preprocess is not None or (isinstance(source, (str, Path)) and Path(source).is_dir() and
-                                  _has_images(Path(source))):
-        if preprocess is None:
-            raise QdqError(f"{source} holds images but no --preprocess was given",
-                           'pass e.g. --preprocess "resize=256,crop=224,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"')
-        if not (isinstance(source, (str, Path)) and Path(source).is_dir()):
-            raise QdqError("--preprocess applies to a folder of images", "pass the folder with --calib")
-        floats = [i for i in inputs if np.issubdtype(i.dtype, np.floating)]
-        if len(inputs) != 1 or len(floats) != 1:
-            raise QdqError(f"image calibration needs a model with one float input; this one has "
-                           f"{', '.join(i.name for i in inputs)}", "write an .npz with one array per input")
-        return read_image_folder(Path(source), parse_preprocess(preprocess), inputs[0].name)
+    if preprocess is not None or _is_image_folder(source):
+        return _read_images(source, inputs, preprocess)
     require_numeric(inputs)
     if isinstance(source, dict):
         arrays = {k: np.asarray(v) for k, v in source.items() if k not in META_KEYS}
@@ -141,25 +131,58 @@ def read_arrays(source: str | Path | dict, inputs: list[InputSpec], preprocess: 
         if not path.exists():
             raise QdqError(f"calibration data not found: {path}", "check the --calib path")
         if path.is_dir():
-            try:
-                files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
-            except PermissionError:
-                raise QdqError(f"cannot read folder {path}: permission denied", "check its permissions") from None
-            if not files:
-                raise QdqError(f"{path} holds no .npz or .npy files", "put calibration arrays in it")
-            for p in files:
-                require_regular(p, "calibration data")
-            return [FileChunk(p, inputs, ignore) for p in files]  # one chunk per file, read when used
-        require_regular(path, "calibration data")
-        if path.suffix == ".npz":
-            arrays = _load_npz(path)
-        elif path.suffix == ".npy":
-            if len(inputs) != 1:
-                raise QdqError(f"{path} is one array but the model has {len(inputs)} inputs "
-                               f"({', '.join(i.name for i in inputs)})", "use an .npz with one array per input name")
-            arrays = {inputs[0].name: _load_npy(path)}
-        else:
-            raise QdqError(f"{path}: calibration data must be .npz, .npy or a folder of them", "convert it with numpy")
+            return _folder_chunks(path, inputs, ignore)
+        arrays = _read_file(path, inputs)
+    return _matched(arrays, inputs, ignore)
+
+
+def _is_image_folder(source: str | Path | dict) -> bool:
+    """Whether `source` is a folder that holds images."""
+    return isinstance(source, (str, Path)) and Path(source).is_dir() and _has_images(Path(source))
+
+
+def _read_images(source: str | Path | dict, inputs: list[InputSpec], preprocess: str | None):
+    """The one array made with `preprocess` from a folder of images, for a model with one float input."""
+    if preprocess is None:
+        raise QdqError(f"{source} holds images but no --preprocess was given",
+                       'pass e.g. --preprocess "resize=256,crop=224,mean=0.485,0.456,0.406,std=0.229,0.224,0.225"')
+    if not (isinstance(source, (str, Path)) and Path(source).is_dir()):
+        raise QdqError("--preprocess applies to a folder of images", "pass the folder with --calib")
+    floats = [i for i in inputs if np.issubdtype(i.dtype, np.floating)]
+    if len(inputs) != 1 or len(floats) != 1:
+        raise QdqError(f"image calibration needs a model with one float input; this one has "
+                       f"{', '.join(i.name for i in inputs)}", "write an .npz with one array per input")
+    return read_image_folder(Path(source), parse_preprocess(preprocess), inputs[0].name)
+
+
+def _folder_chunks(path: Path, inputs: list[InputSpec], ignore: tuple[str, ...]) -> list[FileChunk]:
+    """One FileChunk per .npz/.npy file of a calibration folder, each read when used."""
+    try:
+        files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
+    except PermissionError:
+        raise QdqError(f"cannot read folder {path}: permission denied", "check its permissions") from None
+    if not files:
+        raise QdqError(f"{path} holds no .npz or .npy files", "put calibration arrays in it")
+    for p in files:
+        require_regular(p, "calibration data")
+    return [FileChunk(p, inputs, ignore) for p in files]  # one chunk per file, read when used
+
+
+def _read_file(path: Path, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
+    """The arrays by name of one .npz file, or of one .npy file for a model with one input."""
+    require_regular(path, "calibration data")
+    if path.suffix == ".npz":
+        return _load_npz(path)
+    if path.suffix == ".npy":
+        if len(inputs) != 1:
+            raise QdqError(f"{path} is one array but the model has {len(inputs)} inputs "
+                           f"({', '.join(i.name for i in inputs)})", "use an .npz with one array per input name")
+        return {inputs[0].name: _load_npy(path)}
+    raise QdqError(f"{path}: calibration data must be .npz, .npy or a folder of them", "convert it with numpy")
+
+
+def _matched(arrays: dict, inputs: list[InputSpec], ignore: tuple[str, ...]) -> dict:
+    """The arrays less those in `ignore`, refused unless they name exactly the model's inputs."""
     arrays = {k: v for k, v in arrays.items() if k not in ignore}
     names = [i.name for i in inputs]
     missing = [n for n in names if n not in arrays]

@@ -36,12 +36,9 @@ def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None, t
 def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | None = None) -> SimReport:
     """`simulate` on a SimGraph (which it rewrites: pass a fresh one)."""
     rules = rules or load_sim_rules()
-    graph_io = [[(t, g.tensors[t].dtype, g.tensors[t].shape) if t in g.tensors else (t, None, None) for t in names]
-                for names in (g.inputs, g.outputs)]
+    graph_io = _graph_io(g)
     quantized = quantized_types(g)
-    int4_readers = {c.name for n in g.nodes.values() if n.role == DQ and n.qp is not None
-                    and n.qp.zero_point is not None and np.dtype(n.qp.zero_point.dtype) in FOUR_BIT_TYPES
-                    for o in n.outputs for c, _ in g.consumers(o)}
+    int4_readers = _int4_readers(g)
     unused = g.prune()
     trace = Trace()
     no_ops = eliminate_no_ops(g, rules, trace)
@@ -57,20 +54,43 @@ def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | No
     layers = [_layer(g, b, trace) for b in builds]
     in_layers = {n for x in layers for n in x.nodes}
     folded = [n for n in folded if n not in in_layers]     # a folded weight's ops are in its layer
-    total = sum(x.flops for x in layers)
-    for x in layers:
-        x.flops_share = x.flops / total if total else 0.0
+    _share_flops(layers)
     return SimReport(
         layers=layers,
-        eliminated=[_removed(*e) for e in eliminated] + (
-            [{"nodes": unused, "rule": "unused"}] if unused else []) + (
-            [{"nodes": folded, "rule": "constant"}] if folded else []),
+        eliminated=_eliminated(eliminated, unused, folded),
         events=[{"rule": e.rule, "nodes": e.nodes, "detail": e.detail} for e in trace.events],
         node_names=set(g.onnx_names),
         graph_inputs=graph_io[0], graph_outputs=graph_io[1],
         steps=steps, misses=trace.misses, final=(g, rules), quantized=quantized,
         int4_weight_layers=sum(1 for x in layers if int4_readers.intersection(x.nodes)),
         shapes={t.name: t.shape for t in g.tensors.values() if t.shape is not None})
+
+
+def _graph_io(g: SimGraph) -> list[list[tuple]]:
+    """(name, dtype, shape) of each graph input and each graph output, before any rewrite."""
+    return [[(t, g.tensors[t].dtype, g.tensors[t].shape) if t in g.tensors else (t, None, None) for t in names]
+            for names in (g.inputs, g.outputs)]
+
+
+def _int4_readers(g: SimGraph) -> set[str]:
+    """The nodes that read the output of a DQ with a 4-bit zero point."""
+    return {c.name for n in g.nodes.values() if n.role == DQ and n.qp is not None
+            and n.qp.zero_point is not None and np.dtype(n.qp.zero_point.dtype) in FOUR_BIT_TYPES
+            for o in n.outputs for c, _ in g.consumers(o)}
+
+
+def _share_flops(layers: list[Layer]) -> None:
+    """Set each layer's share of the graph's FLOPs (0 when the graph has none)."""
+    total = sum(x.flops for x in layers)
+    for x in layers:
+        x.flops_share = x.flops / total if total else 0.0
+
+
+def _eliminated(eliminated: list, unused: list[str], folded: list[str]) -> list[dict]:
+    """The report's removed groups: those eliminated or buffered, then the unused nodes, then the folded ones."""
+    return [_removed(*e) for e in eliminated] + (
+        [{"nodes": unused, "rule": "unused"}] if unused else []) + (
+        [{"nodes": folded, "rule": "constant"}] if folded else [])
 
 
 def quantized_types(g: SimGraph) -> str:
