@@ -165,6 +165,17 @@ class QuantizeConfig:
         self.check()
 
     def check(self) -> None:
+        """Every option, in one order (the first problem is the one said): calibration, execution,
+        precision and formats, recipes, target, selection."""
+        self._check_calibration()
+        self._check_execution()
+        self._check_precision()
+        self._check_recipes()
+        self._check_target()
+        self._check_selection()
+
+    def _check_calibration(self) -> None:
+        """The calibration method, percentile, batch size, samples and lanes."""
         if self.method not in METHODS:
             raise QdqError(f"unknown calibration method {self.method!r}", f"use one of {', '.join(METHODS)}")
         _number("percentile", self.percentile, 0.0, 100.0, low_open=True,
@@ -172,6 +183,9 @@ class QuantizeConfig:
         _int("batch_size", self.batch_size, 1)
         _int("samples", self.samples, 1, optional=True)
         _int("lanes", self.lanes, 1, optional=True)
+
+    def _check_execution(self) -> None:
+        """Ray and the providers, the sensitivity samples and the float-layer cap."""
         if self.ray is not None and (not isinstance(self.ray, str) or not self.ray.strip()):
             raise QdqError(f"{option('ray')} takes a Ray address, got {self.ray!r}",
                            f"pass {option('ray', 'local')} (a Ray on this machine) or {option('ray', 'HOST:PORT')}"
@@ -181,6 +195,9 @@ class QuantizeConfig:
                            f"drop {option('providers')}, or drop {option('ray')}")
         _int("sensitivity_samples", self.sensitivity_samples, 1)
         _int("max_float_layers", self.max_float_layers, 0, optional=True)
+
+    def _check_precision(self) -> None:
+        """INT4's block size and method, the weight format, the float islands' type."""
         if self.precision == "int4":
             _int("block_size", self.block_size, 2)
             if int(self.block_size or 0) % 2:
@@ -193,6 +210,9 @@ class QuantizeConfig:
             raise QdqError(f"unknown weight format {self.weights!r}", f"use one of {', '.join(WEIGHT_FORMATS)}")
         if self.high_precision not in HIGH_PRECISIONS:
             raise QdqError(f"unknown high precision {self.high_precision!r}", f"use one of {', '.join(HIGH_PRECISIONS)}")
+
+    def _check_recipes(self) -> None:
+        """Output-aware scales, the attention mode, SmoothQuant."""
         if self.output_aware not in (None, True, False):
             raise QdqError(f"{option('output_aware')} must be on, off or auto (True, False or None), got "
                            f"{self.output_aware!r}", f"pass {option('output_aware', 'on|off|auto', literal=False)}"
@@ -210,6 +230,9 @@ class QuantizeConfig:
         if self.smooth_quant is not None:
             _number("smooth_quant", self.smooth_quant, 0.0, 1.0,
                     fix=f"pass an alpha in [0, 1] (default {DEFAULT_SMOOTH_ALPHA})")
+
+    def _check_target(self) -> None:
+        """The target, the GPU and --require-int8."""
         if self.target not in TARGETS:
             raise QdqError(f"unknown target {self.target!r}", f"use one of {', '.join(TARGETS)}")
         if self.gpu is not None:
@@ -221,6 +244,9 @@ class QuantizeConfig:
                 raise QdqError(f"{option('require_int8')} checks the share of FLOPs run on quantized activations, and "
                                f"{option('precision', 'int4')} quantizes weights only",
                                f"drop {option('require_int8')}, or use {option('precision', 'int8')} or fp8")
+
+    def _check_selection(self) -> None:
+        """The accuracy budget, node and op selection, fixed inputs."""
         if self.accuracy_budget is not None:
             _number("accuracy_budget", self.accuracy_budget,
                     fix=f"pass an output SQNR in dB, e.g. {option('accuracy_budget', 30)}")
