@@ -426,9 +426,6 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
             model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy
             _check(model, "quantized")
         return model, loaded
-    with report.stage("float islands"), step("export"):
-        model = io.to_model(loaded, provenance, tidy=False)           # insert_qdq left it tidy
-        _free_if_large(loaded)
     with report.stage("island ranges"):             # a run on calibration samples (rule H5)
         if data is not None:
             ranges = measure_ranges(loaded, data, providers=list(cfg.providers) if cfg.providers else None)
@@ -437,18 +434,38 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
             report.warnings.append(f"no calibration data: {cfg.high_precision} islands were made without "
                                    f"checking activation ranges (rule H5)")
     with report.stage("float islands"):
-        with step("opset"):
-            model, _ = io.raise_opset(model, PRECISION_OPSET, why=f"{cfg.high_precision} Q/DQ scales")
-        with step("import"):
-            lowered = io.load(model, check=False)
+        lowered = _at_precision_opset(loaded, provenance, cfg.high_precision)
         with step("retype"):
-            islands = lower_float_islands(lowered.graph, cfg.high_precision, io.opset_of(model), ranges)
+            islands = lower_float_islands(lowered.graph, cfg.high_precision, lowered.graph.opset, ranges)
         report.add([islands])
         with step("export"):
             model = io.to_model(lowered, provenance, tidy=False)      # the islands pass left it tidy
+        if lowered is loaded:
+            with step("shapes"):        # what reading the opset-19 model back would have inferred
+                io.refine_shapes(lowered.graph, model)
         with step("check"):
             _check_raised(model, cfg.high_precision, report)
     return model, lowered
+
+
+def _at_precision_opset(loaded: io.Loaded, provenance: dict, high_precision: str) -> io.Loaded:
+    """The graph at the opset the islands' scales need (19), converted in memory
+    (io.raise_graph_opset); where that cannot be done, the exported model is converted and read
+    back (a copy: `loaded` keeps its opset then)."""
+    with step("opset"):
+        # a float tensor of unknown type would take the type inference finds on reading back, and
+        # the retyping reads types: such a graph takes the way through the exported model
+        typed = all(t.dtype is not None for t in loaded.graph.tensors().values()
+                    if isinstance(t, gs.Variable) and t.inputs)
+        if typed and io.raise_graph_opset(loaded.graph, PRECISION_OPSET):
+            return loaded
+    with step("export"):
+        model = io.to_model(loaded, provenance, tidy=False)           # insert_qdq left it tidy
+        _free_if_large(loaded)
+    with step("opset"):
+        model, _ = io.raise_opset(model, PRECISION_OPSET, why=f"{high_precision} Q/DQ scales")
+    with step("import"):
+        return io.load(model, check=False)
 
 
 def _check(model: onnx.ModelProto, what: str) -> None:
