@@ -495,7 +495,7 @@ def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: boo
     did both)."""
     graph = loaded.graph
     if tidy:
-        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        toposort(graph.cleanup(remove_unused_graph_inputs=False))
     _pack_4bit(graph)
     model = gs.export_onnx(graph, do_type_check=True)
     model.ir_version = max(loaded.ir_version, 7)
@@ -986,3 +986,54 @@ def refine_shapes(graph: gs.Graph, model: onnx.ModelProto) -> list[str]:
             if t is not None:
                 vi.CopyFrom(onnx.helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, t.shape))
     return sorted(changed)
+
+
+def _has_subgraph(node: gs.Node) -> bool:
+    return any(isinstance(v, gs.Graph) or (isinstance(v, list) and v and isinstance(v[0], gs.Graph))
+               for v in node.attrs.values())
+
+
+def toposort(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
+    """graphsurgeon's `graph.toposort()`, the same order, in time linear in the graph: each node's
+    level is one more than its producers' highest, and the nodes are sorted by level, stably, in
+    the order a depth-first walk from the node list finishes them (as graphsurgeon's recursion does).
+    graphsurgeon's own sort, 20-40% of a pass on a 10,000-node graph, runs where a node has a
+    subgraph or the graph has functions, and where the walk finds a cycle (it reports it)."""
+    nodes = list(graph.nodes)
+    if graph.functions or any(_has_subgraph(n) for n in nodes):
+        return graph.toposort(recurse_subgraphs=recurse_subgraphs)
+    member = {id(n) for n in nodes}
+
+    def producers(node: gs.Node) -> list[gs.Node]:
+        found: dict[int, gs.Node] = {}
+        for t in node.inputs:
+            for p in t.inputs:
+                if id(p) in member:
+                    found.setdefault(id(p), p)
+        return list(found.values())
+
+    level: dict[int, int] = {}
+    finished: list[gs.Node] = []
+    for root in nodes:
+        if id(root) in level:
+            continue
+        stack = [(root, producers(root), 0)]
+        walking = {id(root)}
+        while stack:
+            node, ins, k = stack[-1]
+            while k < len(ins) and id(ins[k]) in level:
+                k += 1
+            if k < len(ins):
+                nxt = ins[k]
+                if id(nxt) in walking:
+                    return graph.toposort(recurse_subgraphs=recurse_subgraphs)     # a cycle: reported there
+                stack[-1] = (node, ins, k + 1)
+                walking.add(id(nxt))
+                stack.append((nxt, producers(nxt), 0))
+                continue
+            stack.pop()
+            walking.discard(id(node))
+            level[id(node)] = 1 + max((level[id(p)] for p in ins), default=-1)
+            finished.append(node)
+    graph.nodes = sorted(finished, key=lambda n: level[id(n)])
+    return graph

@@ -84,3 +84,25 @@ def test_raise_graph_opset_rewrites_reduce_axes_and_keeps_weights():
     assert reduces and all(len(n.input) == 2 and "axes" not in [a.name for a in n.attribute] for n in reduces)
     after = loaded.graph.tensors()
     assert all(after[n].values is v for n, v in weights.items() if n in after)      # not copied
+
+
+@pytest.mark.parametrize("name", ["residual_add", "attention_block", "layernorm_decomposed", "fpn_upsample",
+                                  "se_block", "concat_of_pools"])
+def test_toposort_orders_as_graphsurgeon_does(name):
+    import random
+    graph = io.load(motifs.ALL[name]()).graph
+    for seed in range(4):
+        random.Random(seed).shuffle(graph.nodes)
+        theirs, ours = graph.copy(), graph.copy()
+        theirs.toposort()
+        io.toposort(ours)
+        assert [n.name for n in ours.nodes] == [n.name for n in theirs.nodes]
+
+
+def test_toposort_leaves_a_cycle_to_graphsurgeon_which_reports_it():
+    import onnx_graphsurgeon as gs
+    a, b = gs.Variable("a", dtype=np.float32), gs.Variable("b", dtype=np.float32)
+    graph = gs.Graph(nodes=[gs.Node("Relu", "r1", inputs=[a], outputs=[b]), gs.Node("Relu", "r2", inputs=[b], outputs=[a])],
+                     inputs=[], outputs=[b])
+    with pytest.raises(Exception, match="[Cc]ycle"):
+        io.toposort(graph)

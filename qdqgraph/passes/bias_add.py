@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 from ..ops import ADD, vocabulary
 from ..view import GraphView
 from .base import PassResult, result
+from .. import io
 
 
 def _dequantized(view: GraphView, t: gs.Tensor) -> bool:
@@ -53,7 +54,7 @@ def bias_to_add(graph: gs.Graph) -> PassResult:
         graph.nodes.append(add)
         moved.append(node.name)
     if moved:
-        graph.toposort()
+        io.toposort(graph)
     return result("bias_to_add", bool(moved), moved=moved)
 
 
@@ -90,7 +91,7 @@ def fold_bias_adds(graph: gs.Graph) -> int:
         add.outputs.clear()
         folded += 1
     if folded:
-        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     return folded
 
 

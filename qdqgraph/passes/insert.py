@@ -18,6 +18,7 @@ from ..ops import DEQUANTIZE, QUANTIZE
 from ..placement.plan import Plan, Site
 from ..view import GraphView
 from .base import PassResult, result
+from .. import io
 
 WEIGHT_FORMATS = ("int8", "qdq")
 
@@ -166,6 +167,6 @@ def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str
         counts[site.kind] += 1
         if ins.zero_range:
             zero_range.append(site.tensor)
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     return result("insert_qdq", bool(provenance), activations=counts["activation"], weights=counts["weight"],
                   provenance=provenance, zero_range=zero_range)

@@ -10,6 +10,7 @@ from ..ops import CAST, DEQUANTIZE, QUANTIZE
 from ..view import GraphView
 from .base import PassResult, result
 from .bias_add import fold_bias_adds
+from .. import io
 
 
 def _dequantize(view, dq) -> np.ndarray | None:
@@ -99,7 +100,7 @@ def _strip_graph(graph: gs.Graph) -> tuple[int, int, int]:
         replace_uses(graph, view, dq.outputs[0], replacement)
         dq.outputs.clear()
         removed += 1
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     biases = fold_bias_adds(graph) if removed else 0     # insert wrote a quantized conv's bias as an Add
     added = len(casts)
     for node in graph.nodes:
