@@ -41,7 +41,7 @@ from .profile import step
 from .report import InsertReport
 from .runtime import register_custom_ops
 from .sensitivity import choose_fallback, measure, output_sqnr
-from .trtsim import simulate
+from .trtsim import SimReport, simulate
 from .passes.strip import strip_qdq
 from .trtsim.latency import DEFAULT_GPU, speed_line
 from .trtsim.regions import inner_reformats
@@ -212,7 +212,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
     model_out, final = _deploy(loaded, inserted["provenance"], cfg, data if is_real(calib) else None, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target, cfg.gpu)
+        sim = _predict(final, report, cfg.target)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
     dropped = [n for n, d in plan.decisions.items() if not d.quantized and NO_INT8 in (d.reason or "")]
     if dropped:
@@ -223,6 +223,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     if little:
         report.warnings.append(little)
     _require_share(cfg, loaded, plan, report)
+    _speed(final, sim, report, cfg.target, cfg.gpu)
     return Result(model_out, plan, report, cfg)
 
 
@@ -282,7 +283,8 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
     provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
     model_out, final = _deploy(loaded, provenance, cfg, data, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target, cfg.gpu)
+        sim = _predict(final, report, cfg.target)
+    _speed(final, sim, report, cfg.target, cfg.gpu)
     return Result(model_out, plan, report, cfg)
 
 
@@ -510,17 +512,32 @@ def _check_raised(model: onnx.ModelProto, high_precision: str, report: InsertRep
                            f"({first}); the written model declares the shapes inference finds")
 
 
-def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", gpu: str | None = None) -> None:
-    """The simulator's prediction for the written model, into the report. A simulator failure
-    must not cost the user the model: it becomes a warning naming the error."""
+def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt") -> SimReport | None:
+    """The simulator's prediction for the written model, into the report; returns it for the speed
+    line (`_speed`). A simulator failure must not cost the user the model: it becomes a warning
+    naming the error."""
     try:
         with step("quantized engine"):
             sim = simulate(loaded.graph, target=target)
             report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
-        with step("float engine"):                 # the FP16 engine of the same model, for the speed line
-            float_graph = loaded.graph.copy()
-            strip_qdq(float_graph)
-            float_sim = simulate(float_graph, target=target)
+        return sim
+    except Exception as e:  # noqa: BLE001 - reported, not swallowed
+        report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
+                               f"written; please report this")
+        return None
+
+
+def _speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, target: str = "tensorrt",
+           gpu: str | None = None) -> None:
+    """The speed line: the quantized engine (`_predict`'s) against the FP16 engine of the same
+    model, the written graph without its Q/DQ. The run's last use of `loaded`: its Q/DQ are
+    stripped in place (the model is already exported), instead of on a copy of the graph."""
+    if sim is None or report.tensorrt is None:
+        return
+    try:
+        with report.stage("simulate"), step("float engine"):
+            strip_qdq(loaded.graph)
+            float_sim = simulate(loaded.graph, target=target)
         report.tensorrt["speed"] = speed_line(sim, float_sim, gpu or DEFAULT_GPU[target])
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
