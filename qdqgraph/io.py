@@ -879,11 +879,12 @@ def raise_graph_opset(graph: gs.Graph, minimum: int) -> bool:
 
 
 def _set_opset(graph: gs.Graph, opset: int) -> None:
+    """New opset entries, not the old ones changed: a copy of the graph (graph.copy()) shares them."""
     for g in (graph, *graph.subgraphs(recursive=True)):
         g.opset = opset
-        for d in g.import_domains or []:
-            if d.domain in _DEFAULT_DOMAINS:
-                d.version = opset
+        if g.import_domains is not None:
+            g.import_domains = [onnx.helper.make_opsetid(d.domain, opset if d.domain in _DEFAULT_DOMAINS else d.version)
+                                for d in g.import_domains]
 
 
 def _values(graph: gs.Graph) -> int:

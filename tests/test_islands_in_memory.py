@@ -106,3 +106,13 @@ def test_toposort_leaves_a_cycle_to_graphsurgeon_which_reports_it():
                      inputs=[], outputs=[b])
     with pytest.raises(Exception, match="[Cc]ycle"):
         io.toposort(graph)
+
+
+def test_raising_a_copy_leaves_the_original_at_its_opset():
+    """The fallback's trial deploys a copy of the graph: the copy's raise must not reach the original."""
+    loaded = io.load(_reduce_attr_model(13))
+    copy = loaded.graph.copy()
+    assert io.raise_graph_opset(copy, 19)
+    model = io.to_model(loaded)
+    assert io.opset_of(model) == 13
+    onnx.checker.check_model(model, full_check=True)
