@@ -774,7 +774,10 @@ def _skeleton(nodes: list[tuple[gs.Node, dict[str, str]]], opset: int, graph: gs
     """A model of just `nodes` (each with its tensor renaming) for onnx's version converter: what they
     read from outside is a typed graph input, or a small integer initializer (values an adapter may
     read: axes, pads, sizes); what they write is a graph output."""
-    protos, inputs, inits, written = [], {}, {}, set()
+    protos: list[onnx.NodeProto] = []
+    inputs: dict[str, onnx.ValueInfoProto] = {}
+    inits: dict[str, onnx.TensorProto] = {}
+    written: set[str] = set()
     for node, rename in nodes:
         protos.append(_node_proto(node, rename))
         written.update(rename.get(t.name, t.name) for t in node.outputs if t.name)
@@ -806,7 +809,7 @@ def _signature(node: gs.Node) -> tuple:
     """What onnx's version converter can see of a node, but its tensor names: nodes of one
     signature convert alike."""
     from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
-    ins = []
+    ins: list[tuple | None] = []
     for t in node.inputs:
         if not t.name:
             ins.append(None)
