@@ -63,14 +63,14 @@ def test_in_memory_islands_write_what_the_exported_way_wrote(name, monkeypatch):
     assert "float islands/import" not in profile        # the graph was not read back
 
 
-def test_a_body_with_ops_to_convert_takes_the_exported_way(monkeypatch):
+def test_a_graph_with_if_bodies_takes_the_exported_way(monkeypatch):
     m = vad_if_model(opset=15)
     calls = []
     real = io.raise_opset
     monkeypatch.setattr(io, "raise_opset", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = qdqgraph.quantize(m, vad_if_calib(8))
     onnx.checker.check_model(got.model, full_check=True)
-    assert calls, "an If body with nodes the converter rewrites must go through the exported model"
+    assert calls, "a graph with If bodies must go through the exported model"
 
 
 def test_raise_graph_opset_rewrites_reduce_axes_and_keeps_weights():
