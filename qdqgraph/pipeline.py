@@ -43,7 +43,7 @@ from .execution.profile import step
 from .report import InsertReport
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
-from .trtsim import simulate
+from .trtsim import simulate, SimReport
 from .passes.strip import strip_qdq
 from .trtsim.latency import DEFAULT_GPU, speed_line
 from .trtsim.regions import inner_reformats
@@ -235,7 +235,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
     model_out, final = _deploy(loaded, inserted["provenance"], cfg, data if is_real(calib) else None, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target, cfg.gpu, cfg.precision)
+        sim = _predict(final, report, cfg.target, cfg.precision)
     report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
     dropped = [n for n, d in plan.decisions.items() if not d.quantized and (d.reason or "").startswith(NO_INT8)]
     if dropped:
@@ -246,6 +246,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     if little:
         report.warnings.append(little)
     _require_share(cfg, loaded, plan, report)
+    _speed(final, sim, report, cfg.target, cfg.gpu)
     return Result(model_out, plan, report, cfg)
 
 
@@ -334,7 +335,8 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
     provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
     model_out, final = _deploy(loaded, provenance, cfg, data, report)
     with report.stage("simulate"):
-        _predict(final, report, cfg.target, cfg.gpu, cfg.precision)
+        sim = _predict(final, report, cfg.target, cfg.precision)
+    _speed(final, sim, report, cfg.target, cfg.gpu)
     return Result(model_out, plan, report, cfg)
 
 
@@ -478,9 +480,6 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
             model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy
             _check(model, "quantized")
         return model, loaded
-    with report.stage("float islands"), step("export"):
-        model = io.to_model(loaded, provenance, tidy=False)           # insert_qdq left it tidy
-        _free_if_large(loaded)
     with report.stage("island ranges"):             # a run on calibration samples (rule H5)
         if data is not None:
             ranges = measure_ranges(loaded, data, providers=list(cfg.providers) if cfg.providers else None)
@@ -489,15 +488,15 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
             report.warnings.append(f"no calibration data: {cfg.high_precision} islands were made without "
                                    f"checking activation ranges (rule H5)")
     with report.stage("float islands"):
-        with step("opset"):
-            model = _raise_for_islands(model, cfg.high_precision, report)
-        with step("import"):
-            lowered = io.load(model, check=False)
+        lowered = _at_precision_opset(loaded, provenance, cfg.high_precision, report)
         with step("retype"):
-            islands = lower_float_islands(lowered.graph, cfg.high_precision, io.opset_of(model), ranges)
+            islands = lower_float_islands(lowered.graph, cfg.high_precision, lowered.graph.opset, ranges)
         report.add([islands])
         with step("export"):
             model = io.to_model(lowered, provenance, tidy=False)      # the islands pass left it tidy
+        if lowered is loaded:
+            with step("shapes"):        # what reading the opset-19 model back would have inferred
+                io.refine_shapes(lowered.graph, model)
         with step("check"):
             _check_raised(model, cfg.high_precision, report)
     return model, lowered
@@ -515,6 +514,28 @@ def _raise_for_islands(model: proto.ModelProto, high_precision: str, report: Ins
             report.warnings.append(f"{e.problem}; the ops whose opset-{PRECISION_OPSET} schema has no {high_precision} "
                                    f"(Conv, pooling) stay float32 behind Casts")
     return io.raise_opset(model, PRECISION_OPSET, why=f"{high_precision} Q/DQ scales")[0]
+
+
+def _at_precision_opset(loaded: io.Loaded, provenance: dict, high_precision: str,
+                        report: InsertReport) -> io.Loaded:
+    """The graph at the opset the islands need (passes.precision.island_opset: 19 for their scales,
+    22 for BF16 convolutions and poolings), converted in memory (io.raise_graph_opset) for 19; where
+    that cannot be done, or for 22, the exported model is converted and read back (a copy: `loaded`
+    keeps its opset then)."""
+    with step("opset"):
+        # a float tensor of unknown type would take the type inference finds on reading back, and
+        # the retyping reads types: such a graph takes the way through the exported model
+        typed = all(t.dtype is not None for t in loaded.graph.tensors().values()
+                    if isinstance(t, gs.Variable) and t.inputs)
+        if typed and island_opset(high_precision) == PRECISION_OPSET and io.raise_graph_opset(loaded.graph, PRECISION_OPSET):
+            return loaded
+    with step("export"):
+        model = io.to_model(loaded, provenance, tidy=False)           # insert_qdq left it tidy
+        _free_if_large(loaded)
+    with step("opset"):
+        model = _raise_for_islands(model, high_precision, report)
+    with step("import"):
+        return io.load(model, check=False)
 
 
 def _check(model: proto.ModelProto, what: str) -> None:
@@ -559,11 +580,12 @@ def _check_raised(model: proto.ModelProto, high_precision: str, report: InsertRe
                            f"({first}); the written model declares the shapes inference finds")
 
 
-def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", gpu: str | None = None,
-             precision: str | None = None) -> None:
-    """The simulator's prediction for the written model, into the report. A simulator failure
-    must not cost the user the model: it becomes a warning naming the error. `precision`: what
-    the run asked for, which names a model with no Q/DQ (nothing quantized) in the summary."""
+def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
+             precision: str | None = None) -> SimReport | None:
+    """The simulator's prediction for the written model, into the report; returns it for the speed
+    line (`_speed`). A simulator failure must not cost the user the model: it becomes a warning
+    naming the error. `precision`: what the run asked for, which names a model with no Q/DQ
+    (nothing quantized) in the summary."""
     try:
         with step("quantized engine"):
             sim = simulate(loaded.graph, target=target)
@@ -571,10 +593,24 @@ def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt", 
             if precision and not any(view.vocab.is_(n, "quant") for n in view.nodes):
                 sim.quantized = label(precision)
             report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
-        with step("float engine"):                 # the FP16 engine of the same model, for the speed line
-            float_graph = loaded.graph.copy()
-            strip_qdq(float_graph)
-            float_sim = simulate(float_graph, target=target)
+        return sim
+    except Exception as e:  # noqa: BLE001 - reported, not swallowed
+        report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
+                               f"written; please report this")
+        return None
+
+
+def _speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, target: str = "tensorrt",
+           gpu: str | None = None) -> None:
+    """The speed line: the quantized engine (`_predict`'s) against the FP16 engine of the same
+    model, the written graph without its Q/DQ. The run's last use of `loaded`: its Q/DQ are
+    stripped in place (the model is already exported), instead of on a copy of the graph."""
+    if sim is None or report.tensorrt is None:
+        return
+    try:
+        with report.stage("simulate"), step("float engine"):
+            strip_qdq(loaded.graph)
+            float_sim = simulate(loaded.graph, target=target)
         report.tensorrt["speed"] = speed_line(sim, float_sim, gpu or DEFAULT_GPU[target])
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "

@@ -127,3 +127,15 @@ def test_tensorrt_for_rtx_builds_the_if_with_int8_convolutions_in_the_branches(t
         assert set(convs) == {"then.conv2", "then.conv3", "else.conv1", "else.conv2"}, convs
         assert {name for name, dtype in convs.items() if dtype == "Int8"} == \
             {name for name in convs if name.split(".")[0] in int8_branches}
+
+
+def test_outer_qdq_names_do_not_repeat_a_branchs():
+    """An If branch quantized first (its Q of an outer tensor x named x_quantized) and the outer
+    graph's Q of the same x: the outer one takes another name, so the model keeps one name per
+    output (was: the ONNX checker's 'x_quantized has been used as output names multiple times', an
+    internal error; found by tests/test_fuzz.py)."""
+    import fuzzgraphs
+    model = fuzzgraphs.random_model(["conv", "conv_bn", "if_branch"], 0, False)
+    r = qdqgraph.quantize(model, fuzzgraphs.sample_data(model), weights="qdq", high_precision="fp32",
+                          output_aware=False)
+    onnx.checker.check_model(r.model, full_check=True)

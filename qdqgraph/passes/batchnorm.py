@@ -11,6 +11,7 @@ import onnx_graphsurgeon as gs
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .registry import Condition, declare, describe
+from ..graph import io
 
 
 def _bn_params(view, bn):
@@ -76,7 +77,7 @@ def fold_batchnorm(graph: gs.Graph) -> PassResult:
     alone uses. Modifies `graph`; details: `folded` (BN names), `kept` ([BN, why it stayed])."""
     folded: list[str] = []
     kept: list[tuple[str, str]] = []
-    graph.toposort()
+    io.toposort(graph)
     view = GraphView(graph)
     for bn in [n for n in view.nodes if view.vocab.is_(n, "batchnorm")]:
         op, why = _why_not(view, bn)
@@ -107,7 +108,7 @@ def fold_batchnorm(graph: gs.Graph) -> PassResult:
         bn.outputs.clear()
         op.outputs[0] = out
         folded.append(bn.name)
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     return result("fold_batchnorm", bool(folded), folded=folded, kept=kept)
 
 

@@ -17,6 +17,7 @@ from ..ops import ADD, vocabulary
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .registry import declare
+from ..graph import io
 
 
 def _dequantized(view: GraphView, t: gs.Tensor) -> bool:
@@ -55,7 +56,7 @@ def bias_to_add(graph: gs.Graph) -> PassResult:
         graph.nodes.append(add)
         moved.append(node.name)
     if moved:
-        graph.toposort()
+        io.toposort(graph)
     return result("bias_to_add", bool(moved), moved=moved)
 
 
@@ -92,7 +93,7 @@ def fold_bias_adds(graph: gs.Graph) -> int:
         add.outputs.clear()
         folded += 1
     if folded:
-        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     return folded
 
 

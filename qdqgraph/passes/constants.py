@@ -7,6 +7,7 @@ import onnx_graphsurgeon as gs
 from ..ops import CONSTANT, vocabulary
 from .base import PassResult, result
 from .registry import declare, describe
+from ..graph import io
 
 # Do not fold a subgraph whose result exceeds this (an Expand or Tile can blow up a model).
 FOLD_SIZE_LIMIT = 512 << 20
@@ -19,9 +20,9 @@ def fold_constants(graph: gs.Graph) -> PassResult:
     nodes went), `constant_nodes_left`."""
     before = len(graph.nodes)
     if not _foldable(graph):        # graphsurgeon's fold copies and walks the whole graph to find nothing
-        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
         return result("fold_constants", False, folded=0, constant_nodes_left=[])
-    graph.toposort()
+    io.toposort(graph)
     log = gs.logger.G_LOGGER
     severity = log.severity
     try:  # graphsurgeon logs each op it cannot evaluate; what stays unfolded is reported instead
@@ -31,7 +32,7 @@ def fold_constants(graph: gs.Graph) -> PassResult:
                              size_threshold=FOLD_SIZE_LIMIT)
     finally:
         log.severity = severity
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     left = [n.name for n in graph.nodes if n.op == CONSTANT]
     folded = before - len(graph.nodes)
     return result("fold_constants", folded > 0, folded=folded, constant_nodes_left=left)

@@ -19,6 +19,7 @@ from ..placement.plan import Plan, Site
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .registry import OPSET_13, QDQ_SOUND, declare
+from ..graph import io
 
 WEIGHT_FORMATS = ("int8", "qdq")
 
@@ -90,7 +91,10 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}")
     view = view or GraphView(graph)
-    names = _Names(set(view.tensors) | {n.name for n in graph.nodes})
+    # names are unique across the model: an If branch quantized before (graph/branches) holds Q/DQ of
+    # the outer tensors it reads, named as these would be
+    names = _Names(set(view.tensors) | {n.name for n in graph.nodes}
+                   | {x for g in graph.subgraphs(recursive=True) for x in (*g.tensors(), *(n.name for n in g.nodes))})
     out = []
     for site in sorted(plan.sites.values(), key=lambda s: s.tensor):
         t = view.tensors[site.tensor]
@@ -168,6 +172,6 @@ def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str
         counts[site.kind] += 1
         if ins.zero_range:
             zero_range.append(site.tensor)
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     return result("insert_qdq", bool(provenance), activations=counts["activation"], weights=counts["weight"],
                   provenance=provenance, zero_range=zero_range)

@@ -421,9 +421,9 @@ def lower_float_islands(graph: gs.Graph, high_precision: str = "fp16", opset: in
     if high_precision == "fp32":
         return result("float_islands", False, dtype="fp32", retyped=0, casts=0, dq_copies=0, kept=[],
                       clamped_scales=[], rescaled_weights=[])
-    graph.toposort()
+    io.toposort(graph)
     t = _Retyper(graph, ISLAND_TYPES[high_precision], opset, ranges or {}).run()
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     return result("float_islands", t.retyped > 0, dtype=t.dtype, retyped=t.retyped, casts=t.casts,
                   dq_copies=t.dq_copies, kept=t.kept, clamped_scales=t.clamped_scales,
                   rescaled_weights=t.rescaled_weights,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..graph import proto
+from ..graph import proto, io
 from .. import api_checks
 from ..ops import CAST, DEQUANTIZE, QUANTIZE
 from ..graph.view import GraphView
@@ -101,7 +101,7 @@ def _strip_graph(graph: gs.Graph) -> tuple[int, int, int]:
         replace_uses(graph, view, dq.outputs[0], replacement)
         dq.outputs.clear()
         removed += 1
-    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
     biases = fold_bias_adds(graph) if removed else 0     # insert wrote a quantized conv's bias as an Add
     added = len(casts)
     for node in graph.nodes:

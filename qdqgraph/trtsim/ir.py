@@ -21,6 +21,7 @@ from ..ops import Vocabulary, vocabulary
 from ..graph.view import GraphView, is_float_dtype, subgraph_reads
 from .branches import through_branches
 import heapq
+from ..graph import io
 
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
 
@@ -123,7 +124,7 @@ class SimGraph:
         graph = through_branches(graph)
         saved = list(graph.nodes)
         try:
-            graph.toposort(recurse_subgraphs=False)   # GraphView fills dtypes in node order
+            io.toposort(graph, recurse_subgraphs=False)   # GraphView fills dtypes in node order
             view = GraphView(graph, vocab)      # keeps the sorted node list for its walks
             nodes = view.nodes
         finally:
