@@ -6,19 +6,26 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import ml_dtypes
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from .ops import CONSTANT, Vocabulary, vocabulary
 
 
 def is_float_dtype(dtype) -> bool:
+    """float16/32/64 and bfloat16 (a BF16 island's tensors, which fix quantizes where the model did);
+    not float8, whose values are quantized already."""
     if dtype is None:
         return False
+    if isinstance(dtype, int):          # graphsurgeon keeps types numpy lacks as ONNX type numbers
+        return dtype == onnx.TensorProto.BFLOAT16
     try:
-        return np.issubdtype(np.dtype(dtype), np.floating)
+        dt = np.dtype(dtype)
     except TypeError:
-        return False  # onnx-only dtypes (bfloat16, float8) have no numpy dtype: not quantized here
+        return False
+    return dt == ml_dtypes.bfloat16 or np.issubdtype(dt, np.floating)   # not float8, int4 (ml_dtypes)
 
 
 class GraphView:

@@ -237,3 +237,48 @@ def test_34_int4_awq_of_an_fp16_model(tmp_path, capsys, method):
         assert got.dtype == np.float16 and np.isfinite(got).all()
         sqnr[name] = _sqnr(want, got)
     assert sqnr["awq"] > 18 and sqnr["awq"] > sqnr["rtn"] + 1, sqnr       # AWQ weighs the large channels
+
+
+# ------------------------------------------------------- 35. fix of insert's BF16-island output
+
+@pytest.mark.parametrize("name", ["se_block", "concat_of_pools", "residual_hardswish"])
+def test_35_fix_of_inserts_bf16_output_is_a_no_op(tmp_path, capsys, name):
+    """A BF16 island holds its own copy of a scale, rounded to BF16 (2^-8, where FP16 rounds at 2^-11).
+    Was: `QuantizeLinear 'relu_out_q' and DequantizeLinear 'relu_out_dq_fp32' have different scales or
+    zero points` (exit 2, on qdqgraph's own output), and where the pair passed, `internal error:
+    InvariantError: ... QuantizeLinear relu_out_q: quantizes a non-float tensor relu_out` (exit 1: a
+    BF16 tensor did not count as float)."""
+    m = motifs.ALL[name]()
+    mp, dp, q = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx"
+    onnx.save(m, mp)
+    np.savez(dp, **motifs.sample_data(m))
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(q), "--high-precision", "bf16", "--quiet",
+                 "--verify", "0"]) == 0
+    written = onnx.load(str(q))
+    assert TensorProto.BFLOAT16 in {t.data_type for t in written.graph.initializer}
+    capsys.readouterr()
+    for extra in ([], ["--calib", str(dp)]):
+        out = tmp_path / f"f{len(extra)}.onnx"
+        assert main(["fix", str(q), "-o", str(out), *extra]) == 0, capsys.readouterr().err
+        said = capsys.readouterr().out
+        assert "nothing to fix" in said and out.read_bytes() == q.read_bytes(), said
+
+
+def test_35_bf16_counts_as_float_and_float8_does_not():
+    import ml_dtypes
+    from qdqgraph.view import is_float_dtype
+    assert all(is_float_dtype(d) for d in (np.float32, np.float16, ml_dtypes.bfloat16, TensorProto.BFLOAT16))
+    assert not any(is_float_dtype(d) for d in (ml_dtypes.float8_e4m3fn, TensorProto.FLOAT8E4M3FN, ml_dtypes.int4,
+                                               np.int8, None))
+
+
+def test_35_scale_tolerance_is_the_coarsest_scale_types_rounding():
+    import ml_dtypes
+    from qdqgraph.fix.facts import scale_tolerance
+    s = np.array(0.13403438, np.float32)
+    assert scale_tolerance(s, s) == 1e-3
+    assert scale_tolerance(s, s.astype(np.float16)) == 1e-3           # FP16's 2^-10 is under it
+    tol = scale_tolerance(s, s.astype(ml_dtypes.bfloat16))
+    assert tol == 2.0 ** -7
+    rel = abs(float(s.astype(ml_dtypes.bfloat16)) - float(s)) / float(s)
+    assert 1e-3 < rel <= tol                                            # what BF16 did to this scale
