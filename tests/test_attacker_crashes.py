@@ -282,3 +282,68 @@ def test_35_scale_tolerance_is_the_coarsest_scale_types_rounding():
     assert tol == 2.0 ** -7
     rel = abs(float(s.astype(ml_dtypes.bfloat16)) - float(s)) / float(s)
     assert 1e-3 < rel <= tol                                            # what BF16 did to this scale
+
+
+# ------------------------------------- 36. onnxruntime's MatmulTransposeFusion on FP16 islands
+
+def _recorded_sessions(monkeypatch) -> list:
+    """Record the optimization level and disabled optimizers of every onnxruntime session made."""
+    import onnxruntime as ort
+    made = []
+    real = ort.InferenceSession
+
+    def recording(source, opts=None, *a, disabled_optimizers=None, **k):
+        level = opts.graph_optimization_level if opts is not None else None
+        made.append((level, list(disabled_optimizers or [])))
+        return real(source, opts, *a, disabled_optimizers=disabled_optimizers, **k)
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    return made
+
+
+def test_36_every_session_turns_off_matmul_transpose_fusion(tmp_path, capsys, monkeypatch):
+    """MatmulTransposeFusion was reported to kill onnxruntime 1.32 with a segmentation fault on
+    FP16-island ViT graphs: every session qdqgraph makes that optimizes (calibration, verify,
+    compare, qdqgraph.session) runs without it."""
+    import onnxruntime as ort
+    import qdqgraph
+    m = motifs.attention_block()
+    mp, dp, q = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx"
+    onnx.save(m, mp)
+    np.savez(dp, **motifs.sample_data(m))
+    made = _recorded_sessions(monkeypatch)
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(q), "--quiet"]) == 0
+    assert main(["compare", str(mp), str(q), "--data", str(dp)]) == 0
+    qdqgraph.session(str(q))
+    optimizing = [d for level, d in made if level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
+    assert len(optimizing) >= 4, made
+    assert all("MatmulTransposeFusion" in d and "WeightBiasQuantization" in d for d in optimizing), made
+
+
+def test_36_fp16_island_attention_runs_in_a_subprocess(tmp_path):
+    """insert's FP16-island attention (Transpose -> MatMul in FP16, the pattern of the reported crash)
+    through qdqgraph.session in a child process, so a segmentation fault fails this test instead of
+    ending the test run; its output is close to the float model's."""
+    m = motifs.attention_block(seq=16, hidden=64, heads=4)
+    mp, dp, q = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "q.onnx"
+    onnx.save(m, mp)
+    data = motifs.sample_data(m)
+    np.savez(dp, **data)
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(q), "--quiet", "--verify", "0",
+                 "--int8-attention", "off"]) == 0
+    written = onnx.load(str(q))
+    fp16 = {vi.name for vi in onnx.shape_inference.infer_shapes(written).graph.value_info
+            if vi.type.tensor_type.elem_type == TensorProto.FLOAT16}
+    transposed = [n for n in written.graph.node if n.op_type == "MatMul"
+                  and any(p.op_type == "Transpose" and p.output[0] in n.input for p in written.graph.node)]
+    assert transposed and any(set(n.input) & fp16 for n in transposed)      # the pattern is there
+    np.save(tmp_path / "x.npy", data["x"][0])
+    child = textwrap.dedent(f"""
+        import numpy as np, qdqgraph
+        s = qdqgraph.session({str(q)!r})
+        y = s.run(None, {{"x": np.load({str(tmp_path / "x.npy")!r})}})[0]
+        np.save({str(tmp_path / "y.npy")!r}, y)
+    """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    want, = _ort(m, {"x": data["x"][0]})
+    assert _sqnr(want, np.load(tmp_path / "y.npy")) > 20
