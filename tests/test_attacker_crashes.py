@@ -372,3 +372,43 @@ def test_36_vit_fp16_islands_in_child_processes(tmp_path):
         assert r.returncode == 0, (argv[0], r.returncode, r.stderr[-2000:])
         assert argv[0] == "fix" or "SQNR" in r.stdout, r.stdout[-2000:]
     assert {p.name for p in tmp_path.iterdir()} >= {"q.onnx", "f.onnx", "x.onnx"}
+
+
+# ------------------------------------- 37. --calib random on a model that cannot take dims of 1
+
+def reflect_pad_conv() -> onnx.ModelProto:
+    """x [n, 4, t] -> Pad (reflect, 2 each side of t) -> Conv1d -> y: valid for t >= 3, as audio
+    front ends are (silero-vad's STFT pads so)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 2], np.int64), "pads"),
+             numpy_helper.from_array((rng.standard_normal((8, 4, 3)) * 0.3).astype(np.float32), "w")]
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], name="pad", mode="reflect"),
+             helper.make_node("Conv", ["p", "w"], ["y"], name="conv", kernel_shape=[3])]
+    g = helper.make_graph(nodes, "reflect_pad_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, "t"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, None])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_37_random_data_the_model_cannot_take_says_why(tmp_path, capsys):
+    """Was: `onnxruntime failed on calibration sample 0 (... Pad reflect requires axis length >= 2 ...);
+    check that the data fits the model's inputs`, about data qdqgraph made itself."""
+    from test_bad_input import refused
+    mp = tmp_path / "m.onnx"
+    onnx.save(reflect_pad_conv(), mp)
+    assert main(["insert", str(mp), "--calib", "random", "-o", str(tmp_path / "q.onnx")]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("qdqgraph: error:")]
+    assert len(err) == 1 and "onnxruntime failed on calibration sample 0" in err[0], err
+    assert "; --calib random sets the dynamic dims (x[0], x[2]) to 1, which this model does not take; pass " \
+           "calibration data of the shapes it runs on with --calib DATA" in err[0], err
+    assert {p.name for p in tmp_path.iterdir()} == {"m.onnx"}
+    dp = tmp_path / "d.npz"                        # real data of that shape: the same model quantizes
+    np.savez(dp, x=np.random.default_rng(1).standard_normal((8, 1, 4, 16)).astype(np.float32))
+    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(tmp_path / "q.onnx"), "--quiet"]) == 0
+    short = tmp_path / "short.npz"                 # the user's own data: the hint stays about the data
+    np.savez(short, x=np.zeros((2, 1, 4, 1), np.float32))
+    line = refused(capsys, ["insert", mp, "--calib", short, "-o", tmp_path / "q2.onnx"],
+                   "check that the data fits the model's inputs")
+    assert "--calib random" not in line
