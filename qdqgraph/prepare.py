@@ -124,9 +124,8 @@ def read_data(loaded: io.Loaded, calib, config: QuantizeConfig) -> CalibrationDa
     {input: array}, or "random" (with a warning)."""
     inputs = model_inputs(loaded.graph)
     if isinstance(calib, str) and calib == "random":
-        arrays = random_data(inputs)
-    else:
-        arrays = read_arrays(calib, inputs, config.preprocess, ignore=loaded.fixed_inputs)
+        return CalibrationData(random_data(inputs), inputs, config.samples, random=True)
+    arrays = read_arrays(calib, inputs, config.preprocess, ignore=loaded.fixed_inputs)
     return CalibrationData(arrays, inputs, config.samples)
 
 

@@ -199,6 +199,20 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
             method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
             progress=None, stride: int = HISTOGRAM_STRIDE, lanes: int | None = None,
             threads: int | None = None) -> Collected:
+    """`_collect`, whose failure on a sample of data qdqgraph made up (`--calib random`) says so."""
+    try:
+        return _collect(loaded, groups, data, method, batch_size, providers, progress, stride, lanes, threads)
+    except SampleFailed as e:
+        fix = _random_dims_fix(data)
+        if fix is None:
+            raise
+        raise QdqError(e.problem, fix) from e.__cause__
+
+
+def _collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData,
+             method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
+             progress=None, stride: int = HISTOGRAM_STRIDE, lanes: int | None = None,
+             threads: int | None = None) -> Collected:
     """Reduce every tensor of `groups` (representative -> member tensors) over all samples;
     histograms of large maps over every `stride`-th row and column (1: every value). `threads`:
     onnxruntime's threads per lane (default: the cores shared among the lanes; a Ray task, which
@@ -541,10 +555,25 @@ def _bin_groups(reps, by_state, states, values, sample) -> None:
         _bin_group(by_state[rep], states, rep, values, sample)
 
 
+class SampleFailed(QdqError):
+    """onnxruntime failed on a calibration sample (`collect` says more where qdqgraph made the data)."""
+
+
 def _run(sess, names, feed, sample):
     try:
         return sess.run(names, feed)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise QdqError(f"onnxruntime failed on calibration sample {sample} ({first})",
-                       "check that the data fits the model's inputs") from e
+        raise SampleFailed(f"onnxruntime failed on calibration sample {sample} ({first})",
+                           "check that the data fits the model's inputs") from e
+
+
+def _random_dims_fix(data: CalibrationData) -> str | None:
+    """What to do when a model fails on `--calib random`'s samples, whose dynamic dims are 1."""
+    dims = [f"{s.name}[{k}]" for s in data.inputs for k, d in enumerate(s.shape or ())
+            if not (isinstance(d, int) and d > 0)]
+    if not getattr(data, "random", False) or not dims:
+        return None
+    shown = ", ".join(dims[:4]) + (", ..." if len(dims) > 4 else "")
+    return (f"--calib random sets the dynamic dims ({shown}) to 1, which this model does not take; "
+            f"pass calibration data of the shapes it runs on with --calib DATA")

@@ -53,7 +53,17 @@ def custom_op_libraries() -> list[str]:
 # to cosine 0.37 against float (0.998 without the rewrite; onnxruntime 1.32). With qdqgraph's
 # symmetric INT8 (zero point 0, lowest -128) the rewrites never apply, so turning them off changes
 # nothing there.
-FP16_FAULTS = ["WeightBiasQuantization"]
+#
+# Its MatmulTransposeFusion (a Transpose, or a Transpose and a Cast, folded into a FusedMatMul) was
+# reported to kill the process with a segmentation fault on FP16-island ViT graphs with onnxruntime
+# 1.32 (`fix --calib` of insert's ViT output, `insert --exclude-node '.*'`; turning off either this
+# fusion or NchwcTransformer avoided it). It did not reproduce on an AMD EPYC (AVX-512 without FP16
+# arithmetic) with 1.32.0 or 1.31.1: there onnxruntime computes an FP16 MatMul through Casts to
+# float32, and the fusion leaves FP16 graphs as they are. Turning it off costs nothing measurable: on
+# MiniLM-L6 (float32) and ViT-S (FP16 islands) the outputs were bit-identical and no slower with it
+# off (the Transpose it folds is a copy next to the GEMM). NchwcTransformer stays on: the blocked
+# layout is most of onnxruntime's speed on float32 convolutions.
+FP16_FAULTS = ["WeightBiasQuantization", "MatmulTransposeFusion"]
 FP8_FAULTS = ["ReluQuantRewrite", "ClipQuantRewrite"]
 DISABLED_OPTIMIZERS = FP16_FAULTS + FP8_FAULTS
 
@@ -301,7 +311,8 @@ def float_activations(loaded: io.Loaded, names: list[str], data, samples: int, p
 def deployment_session(model, providers: list[str] | None = None, options=None):
     """An onnxruntime session that computes a qdqgraph model as TensorRT does: onnxruntime's own
     optimizations, less the rewrites that change what a Q/DQ model computes (DISABLED_OPTIMIZERS:
-    WeightBiasQuantization's INT32 bias, ReluQuantRewrite's dropped Relu before an FP8 Q), at the basic
+    WeightBiasQuantization's INT32 bias, ReluQuantRewrite's dropped Relu before an FP8 Q; and
+    MatmulTransposeFusion, reported to crash on FP16 islands), at the basic
     level where this onnxruntime refuses FP8 above it. `model`: a path or a ModelProto; `options`:
     onnxruntime.SessionOptions of the caller's (custom-op libraries registered, threads); `providers`:
     onnxruntime's names (default: CPU). Exported as `qdqgraph.session`."""

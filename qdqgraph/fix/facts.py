@@ -219,6 +219,15 @@ def _edges(view: GraphView, graph: gs.Graph, dq, f: Fact, facts: Facts) -> list[
     return edges
 
 
+def scale_tolerance(*scales: np.ndarray) -> float:
+    """The relative difference under which scales are one range: the rounding of the coarsest scale
+    type among them (at least 1e-3). An FP16 or BF16 island holds its own copy of a scale, rounded to
+    its type (insert's BF16 output: a Q's scale 0.13379 in BF16, its DQ's 0.13403 in float32, 0.18%
+    apart; FP16 rounds at 2^-11, BF16 at 2^-8)."""
+    eps = [float(ml_dtypes.finfo(a.dtype).eps) for a in scales if a.dtype.kind in "fV"]
+    return max([1e-3, *eps])
+
+
 def _read_dq(view: GraphView, dq) -> Fact:
     s, z, qtype, axis = _params(view, dq)
     x = dq.inputs[0]
@@ -226,7 +235,7 @@ def _read_dq(view: GraphView, dq) -> Fact:
     if q is not None and view.vocab.is_(q, "quantize"):
         qs, qz, qqtype, qaxis = _params(view, q)
         if qqtype != qtype or qs.shape != s.shape or qaxis != axis or np.any(qz != z) or \
-                not np.allclose(qs.astype(np.float64), s.astype(np.float64), rtol=1e-3, atol=0):
+                not np.allclose(qs.astype(np.float64), s.astype(np.float64), rtol=scale_tolerance(qs, s), atol=0):
             raise QdqError(f"QuantizeLinear '{q.name}' and DequantizeLinear '{dq.name}' have different scales or "
                            f"zero points: the pair is not a quantization fix can keep",
                            "export the model with one scale per Q -> DQ pair")

@@ -27,7 +27,7 @@ from ..ops import nearest_resize
 from ..passes.insert import Known, weight_scales
 from ..placement.plan import Plan
 from ..graph.view import GraphView
-from .facts import Fact, Facts
+from .facts import Fact, Facts, scale_tolerance
 from .planning import floating
 
 KINDS = ("kept", "moved", "merged", "converted", "dropped", "added")
@@ -217,19 +217,20 @@ def _from_own(out: Choice, view: GraphView, plan: Plan, facts: Facts, fmt: Forma
     if scale.size > 1:                                      # a per-channel activation scale (P11)
         scale = np.asarray(fmt.scale_of(top))
     group = f"the scale group of {', '.join(members)}" if len(members) > 1 else None
+    tol = scale_tolerance(*(f.scale for _, f in own))
     for m in members:
         mine = [f for mm, f in own if mm == m]
         dropped, added = _consumer_changes(plan, view, facts, m, set(plan.sites[m].edges))
         amaxes = [_scalar(amax_of(f, fmt)[0]) for f in mine]
         before = max(amaxes, default=None)
-        one = bool(mine) and all(_same(a, amaxes[0]) for a in amaxes)
+        one = bool(mine) and all(_same(a, amaxes[0], tol) for a in amaxes)
         own_how = amax_of(mine[0], fmt)[1] if mine else None
         if mine and mine[0].scale.size > 1:
             own_how = own_how or "a per-channel activation scale -> per tensor (P11: TensorRT takes per-tensor activations)"
 
         def move(kind, detail, source=None, after=top, m=m, before=before, dropped=dropped, added=added):
             out.moves.append(Move(kind, m, "activation", detail, source, [], before, after, dropped, added))
-        if one and own_how is None and _same(amaxes[0], top):    # its own scale, as it is
+        if one and own_how is None and _same(amaxes[0], top, tol):    # its own scale, as it is
             final = as_dtype(mine[0].scale.reshape(()), view, m)
             out.known[m] = Known(final)
             if len(mine) > 1:
@@ -245,16 +246,17 @@ def _from_own(out: Choice, view: GraphView, plan: Plan, facts: Facts, fmt: Forma
         elif not one:
             move("merged", f"{len(mine)} Q/DQ with unequal scales -> one, the largest (R5-c: Qs on one tensor "
                            f"must merge)", best_m)
-        elif not _same(amaxes[0], top):
+        elif not _same(amaxes[0], top, tol):
             move("merged", f"scale of amax {before:.4g} -> {top:.4g}, the largest in {group} (P8: one scale, R6)"
                  + (f"; converted: {how}" if how else ""), best_m)
         else:
             move("converted", own_how)
 
 
-def _same(a: float, b: float) -> bool:
-    """One range: a scale written in FP16 and in FP32 (FP16 rounds at 2^-11) is one scale."""
-    return abs(a - b) <= SAME * max(abs(a), abs(b))
+def _same(a: float, b: float, tol: float = SAME) -> bool:
+    """One range: a scale written in FP16 and in FP32 (FP16 rounds at 2^-11) is one scale; `tol`:
+    the relative difference allowed (facts.scale_tolerance of the scales compared: wider for BF16)."""
+    return abs(a - b) <= tol * max(abs(a), abs(b))
 
 
 def _weights(out: Choice, view: GraphView, plan: Plan, facts: Facts, fmt: Format) -> None:

@@ -285,6 +285,10 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True,
             model = _copy(model)
         model, inlined = inline_functions(model)
         repairs += inlined
+    if _has_sparse(model.graph):
+        if path is None and not repairs:            # the caller's model stays as it was
+            model = _copy(model)
+        repairs += densify_sparse(model)
     if _needs_repair(model):
         if path is None and not repairs:            # the caller's model stays as it was
             model = _copy(model)
@@ -339,6 +343,59 @@ def inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]
     del out.functions[:]               # what the graph no longer calls
     return out, [f"{count} call(s) of {len(names)} local function(s) ({', '.join(names[:5])}"
                  f"{', ...' if len(names) > 5 else ''}) inlined: quantization sees the ops inside them"]
+
+
+def _graphs(g: onnx.GraphProto):
+    """`g` and every subgraph in it (If, Loop and Scan bodies), outermost first."""
+    yield g
+    for node in g.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _graphs(sub)
+
+
+def _has_sparse(g: onnx.GraphProto) -> bool:
+    return any(sub.sparse_initializer or any(a.HasField("sparse_tensor") for n in sub.node for a in n.attribute)
+               for sub in _graphs(g))
+
+
+def sparse_to_dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
+    """A SparseTensorProto as the dense TensorProto it stands for, of its declared element type
+    (its values' type) and shape: indices [NNZ] are linear, [NNZ, rank] coordinates."""
+    values = onnx.numpy_helper.to_array(sparse.values)
+    indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dims = tuple(sparse.dims)
+    dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
+    if indices.ndim == 2:
+        indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
+    dense[indices.reshape(-1)] = values.reshape(-1)
+    out = onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name)
+    out.data_type = sparse.values.data_type
+    return out
+
+
+def densify_sparse(model: onnx.ModelProto) -> list[str]:
+    """Sparse initializers (graph.sparse_initializer) and sparse Constant values made dense, of the
+    element type they declare, in place: qdqgraph quantizes dense weights (a weight's scale comes
+    from all its values), and graphsurgeon read sparse ones into float64 arrays, which broke the
+    model's types. Returns a repair line."""
+    names = []
+    for g in _graphs(model.graph):
+        for sparse in g.sparse_initializer:
+            g.initializer.append(sparse_to_dense(sparse))
+            names.append(sparse.values.name)
+        del g.sparse_initializer[:]
+        for node in g.node:
+            for a in node.attribute:
+                if a.HasField("sparse_tensor"):          # Constant(sparse_value=...)
+                    dense = sparse_to_dense(a.sparse_tensor)
+                    a.ClearField("sparse_tensor")
+                    a.name, a.type = "value", onnx.AttributeProto.TENSOR
+                    a.t.CopyFrom(dense)
+                    names.append(node.output[0] if node.output else dense.name)
+    return [f"{len(names)} sparse initializer(s) or constant(s) ({', '.join(names[:5])}"
+            f"{', ...' if len(names) > 5 else ''}) stored dense, of their declared type: qdqgraph quantizes dense "
+            f"weights"]
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -647,13 +704,21 @@ def _external_tensors(model: onnx.ModelProto):
 
 
 def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """A copy of `model` whose graph also outputs the float tensors `names` (for calibration)."""
+    """A copy of `model` whose graph also outputs the tensors `names` (for calibration), each of the
+    type the model declares for it (a float16 model's tensors are float16: declared float32,
+    onnxruntime refused the model), and untyped where it declares none (onnxruntime infers it)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    present = {o.name for o in m.graph.output}
+    g = m.graph
+    present = {o.name for o in g.output}
+    known = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.input, *g.value_info, *g.output]
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
     for name in names:
         if name not in present:
-            m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            if name in known:
+                g.output.append(onnx.helper.make_tensor_value_info(name, known[name], None))
+            else:
+                g.output.add().name = name
     return m
 
 

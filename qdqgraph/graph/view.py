@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
-import numpy as np
 import ml_dtypes
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..ops import CONSTANT, Vocabulary, vocabulary

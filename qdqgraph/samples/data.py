@@ -262,9 +262,10 @@ class CalibrationData:
     """Validated samples, batched for onnxruntime. `arrays` is one dict of arrays, or a list of them
     (one per file of a folder: files may hold samples of different shapes for dynamic dims)."""
 
-    def __init__(self, arrays, inputs: list[InputSpec], samples: int | None = None):
+    def __init__(self, arrays, inputs: list[InputSpec], samples: int | None = None, random: bool = False):
         require_numeric(inputs)
         self.inputs = inputs
+        self.random = random             # made by `--calib random` (random_data): dynamic dims are 1
         self.chunks = list(arrays) if isinstance(arrays, (list, tuple)) else [arrays]
         self.views, sizes = [], []
         for chunk in self.chunks:
