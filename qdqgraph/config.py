@@ -35,6 +35,12 @@ INT4_METHODS = ("rtn", "awq")
 DEFAULT_SMOOTH_ALPHA = 0.5
 DEFAULT_SENSITIVITY_SAMPLES = 8
 ATTENTION_MODES = ("auto", "on", "off")
+EQUALIZE_MODES = ("auto", "on", "off")
+# The output SQNR (dB, calibration samples, against float) a default run reaches when it can: below
+# it, quantized nodes go back to float, most dB per FLOP first, while at least FLOOR_INT8_FLOPS % of
+# the weighted FLOPs stay quantized (docs/ACCURACY.md: what it buys and costs on the zoo).
+DEFAULT_SQNR_FLOOR = 25.0
+DEFAULT_FLOOR_INT8_FLOPS = 90.0
 ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 while it costs at most this
                                # much output SQNR, measured against the same plan with attention float
 
@@ -121,7 +127,15 @@ class QuantizeConfig:
     gpu: str | None = None                     # the GPU of the summary's speed estimate (rules/gpus.toml);
                                                # None: trtsim.latency.DEFAULT_GPU of the target
     # recipes
-    bias_correction: bool = False
+    bias_correction: bool | None = None        # None: auto, kept where it raises the written model's
+                                               # output SQNR on the calibration samples (measured)
+    equalize: str = "auto"                     # cross-layer equalization of Conv -> [Relu] -> Conv
+                                               # pairs: on | off | auto (passes.equalize)
+    fragile_heads: bool = True                 # keep float the head of an output far less accurate than
+                                               # the others, within 2 % of the FLOPs (measured)
+    sqnr_floor: float | None = DEFAULT_SQNR_FLOOR   # output SQNR (dB) a default run falls back to reach;
+                                               # None: no floor
+    floor_int8_flops: float = DEFAULT_FLOOR_INT8_FLOPS  # the floor keeps >= this % of FLOPs quantized
     smooth_quant: float | None = None          # SmoothQuant alpha in [0, 1], one for the whole model
     output_aware: bool | None = None           # linear-layer input ranges (and smoothing) chosen by
                                                # their output error; None: on for transformers
@@ -184,6 +198,18 @@ class QuantizeConfig:
         if self.output_aware and self.smooth_quant is not None:
             raise QdqError("--output-aware on and --smooth-quant both choose the smoothing",
                            "pass one of them (--output-aware on picks the strength per layer)")
+        if self.bias_correction not in (None, True, False):
+            raise QdqError(f"bias_correction must be true, false or None (auto), got {self.bias_correction!r}",
+                           "pass --bias-correction on|off|auto")
+        if self.equalize not in EQUALIZE_MODES:
+            raise QdqError(f"unknown --equalize {self.equalize!r}", f"use one of {', '.join(EQUALIZE_MODES)}")
+        if self.fragile_heads not in (True, False):
+            raise QdqError(f"fragile_heads must be true or false, got {self.fragile_heads!r}",
+                           "pass --fragile-heads on|off")
+        if self.sqnr_floor is not None:
+            _number("--sqnr-floor", self.sqnr_floor, fix="pass an output SQNR in dB, e.g. --sqnr-floor 25, or off")
+        _number("--floor-int8-flops", self.floor_int8_flops, 0.0, 100.0,
+                fix=f"pass a percentage of the weighted FLOPs in [0, 100], e.g. {DEFAULT_FLOOR_INT8_FLOPS:g}")
         if self.int8_attention not in ATTENTION_MODES:
             raise QdqError(f"unknown --int8-attention {self.int8_attention!r}", f"use one of {', '.join(ATTENTION_MODES)}")
         if self.smooth_quant is not None:

@@ -1,7 +1,8 @@
 """`quantize`: the Python API that composes the stages, one way through.
 
-    load (fix inputs) -> clean -> plan (P14) -> [smooth -> replan] -> calibrate -> [bias means]
-        -> [sensitivity -> fallback replan] -> insert -> float islands -> check -> simulate
+    load (fix inputs) -> clean -> [equalize] -> plan (P14) -> [smooth -> replan] -> calibrate
+        -> [bias means] -> [sensitivity -> fallback replan | fidelity: bias correction kept or not,
+        fragile heads, the SQNR floor] -> insert -> float islands -> check -> simulate
 
 The model is read once, the calibration data once (streamed where it is a folder), and every
 stage works on the same graph in memory; the fallback plans again on it rather than reloading the
@@ -13,21 +14,24 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from . import advice, attention, attention_guard, branches, distributed, io
 from .calibration import calibrate_plan, ranges_from_cache
-from .config import QuantizeConfig, config_from
+from .config import DEFAULT_SQNR_FLOOR, QuantizeConfig, config_from
 from .data import CalibrationData
 from .errors import InvariantError, QdqError
 from .formats import label
 from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
+from .passes.equalize import equalize
 from .passes.insert import insert_qdq
 from .passes.int4_weights import int4_targets, quantize_int4_weights
 from .passes.precision import MIN_OPSET as PRECISION_OPSET
@@ -143,6 +147,9 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             report.warnings.append("calibrated on random data: the scales say nothing about accuracy")
     with report.stage("clean"):
         report.add(clean(loaded))
+    if cfg.equalize != "off" and cfg.precision != "int4":
+        with report.stage("equalize"):
+            report.add([equalize(loaded.graph)])
     if cfg.precision == "int4":
         return _quantize_int4(loaded, data if is_real(calib) else None, cfg, report)
     with report.stage("plan"):
@@ -186,13 +193,17 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
                 plan = plan_for(loaded, cfg, floated)
                 amax, _ = ranges_from_cache(plan, per_tensor)
     means = None
-    if cfg.bias_correction:
+    measured = _measured(cfg, calib, data) and bool(plan.activation_sites())
+    if cfg.bias_correction or (cfg.bias_correction is None and measured and plan.weight_sites()):
         with report.stage("bias correction"):
             means = input_means(loaded, plan, data)
     inserted = None
     if cfg.fallback and plan.activation_sites():
         with report.stage("sensitivity"):
             plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated)
+    elif measured:
+        with report.stage("fidelity"):
+            plan, amax, means = _fidelity(loaded, plan, amax, means, data, cfg, report, progress, floated)
     with report.stage("insert"):
         if inserted is None:
             if means is not None:
@@ -398,6 +409,161 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     del trial
     plan, amax = planned(chosen)
     return plan, amax, None
+
+
+def _measured(cfg: QuantizeConfig, calib, data) -> bool:
+    """Whether the run measures its written model to decide (bias correction auto, fragile heads,
+    the SQNR floor): real data, and one of them asked for."""
+    return data is not None and is_real(calib) and (
+        cfg.bias_correction is None or cfg.fragile_heads or cfg.sqnr_floor is not None)
+
+
+def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
+              report: InsertReport, progress=None, floated: tuple = ()):
+    """The measured decisions, each on the model as it will be written, against float on the first
+    --sensitivity-samples samples: bias correction (auto) kept where it raises the output SQNR; the
+    head of a fragile output kept float; below --sqnr-floor, the FLOP-aware fallback. Returns
+    (plan, amax, means)."""
+    from . import fidelity
+    ref = fidelity.reference(loaded, data, cfg.sensitivity_samples, list(cfg.providers) if cfg.providers else None)
+    per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
+    flops = fidelity.node_flops(loaded.graph)
+    total = sum(flops.values())
+    start = time.perf_counter()
+    extra: list[tuple[str, str]] = []
+
+    def written(float_nodes: list) -> tuple[Plan, dict, fidelity.Fidelity]:
+        p = plan_for(loaded, cfg, floated + tuple(float_nodes)) if float_nodes else plan
+        a = ranges_from_cache(p, per_tensor)[0] if float_nodes else amax
+        try:
+            model = _written_model(loaded, p, a, means, cfg, data)
+        except QdqError:                # a model onnxruntime cannot run here (bf16 islands on a CPU)
+            return p, a, fidelity.Fidelity(float("nan"))
+        fid = fidelity.fidelity_of(model, ref)
+        del model
+        return p, a, fid
+
+    _, _, current = written([])
+    if np.isnan(current.overall_db):
+        report.fidelity = {"skipped": "the written model cannot run in onnxruntime here"}
+        return plan, amax, means
+    out: dict = {"samples": ref.samples, "first": current.to_dict()}
+    if cfg.bias_correction is None and means:
+        kept = dict(means)
+        means = None
+        _, _, without = written([])
+        if current.overall_db > without.overall_db:
+            means = kept
+        out["bias_correction"] = {"kept": means is not None, "with_db": _r(current.overall_db),
+                                  "without_db": _r(without.overall_db)}
+        if means is None:
+            current = without
+    if cfg.fragile_heads and len(current.per_output) > 1:
+        floor = cfg.sqnr_floor if cfg.sqnr_floor is not None else DEFAULT_SQNR_FLOOR
+        heads = []
+        for name in fidelity.fragile_outputs(current, floor):
+            units, share = fidelity.head_units(loaded.graph, plan, name, flops, total)
+            units = [u for u in units if u not in {n for n, _ in extra}]
+            if not units:
+                continue
+            why = f"fragile head: output '{name}' kept float"
+            _, _, trial = written(extra + [(u, why) for u in units])
+            before, after = current.per_output[name], trial.per_output.get(name, float("nan"))
+            entry = {"output": name, "nodes": units, "flops_share": round(share, 6), "before_db": _r(before),
+                     "after_db": _r(after), "kept": bool(after >= before + HEAD_MIN_GAIN_DB)}
+            heads.append(entry)
+            if entry["kept"]:
+                extra += [(u, why) for u in units]
+                current = trial
+        out["heads"] = heads
+    if cfg.sqnr_floor is not None and current.overall_db < cfg.sqnr_floor:
+        floor_plan = plan_for(loaded, cfg, floated + tuple(extra)) if extra else plan
+        out["floor"], after = _floor(loaded, floor_plan, per_tensor, means, data, cfg, flops, current, progress,
+                                     extra, written)
+        if out["floor"]["kept"]:
+            why = f"--sqnr-floor {cfg.sqnr_floor:g}: returned to float (most output SQNR per FLOP)"
+            extra += [(u, why) for u in out["floor"]["nodes"]]
+            current = after
+    out["final"] = current.to_dict()
+    out["float_nodes"] = [n for n, _ in extra]
+    out["seconds"] = round(time.perf_counter() - start, 2)
+    report.fidelity = out
+    if extra:
+        plan = plan_for(loaded, cfg, floated + tuple(extra))
+        amax = ranges_from_cache(plan, per_tensor)[0]
+    return plan, amax, means
+
+
+HEAD_MIN_GAIN_DB = 1.0     # a fragile head stays float when that raises its output's SQNR this much
+
+
+def _r(db: float):
+    return round(db, 2) if np.isfinite(db) else str(db)
+
+
+def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: CalibrationData, cfg: QuantizeConfig,
+           flops: dict, current, progress, extra: list, written) -> tuple[dict, object]:
+    """Below --sqnr-floor: the sensitivity sweep on `plan` (the run's, with `extra` float), then the
+    units with the most dB per FLOP back to float while at least --floor-int8-flops of the FLOPs
+    stay quantized, checked on the written model and kept only when that is better. Returns (what
+    was done, for the report; the written model's Fidelity with it)."""
+    from . import fidelity
+    from .fidelity.floor import quantized_share
+    assert cfg.sqnr_floor is not None
+    total = sum(flops.values())
+    share = quantized_share(plan, flops)
+    allowed = max(0.0, share - cfg.floor_int8_flops / 100) * total
+    out: dict = {"floor_db": cfg.sqnr_floor, "before_db": _r(current.overall_db), "int8_share_before": round(share, 4),
+                 "min_int8_share": cfg.floor_int8_flops / 100, "nodes": [], "kept": False}
+    amax = ranges_from_cache(plan, per_tensor)[0]
+    trial = loaded.graph.copy()
+    if means is not None:
+        correct_biases(trial, plan, means)
+    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
+    sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
+                             cfg.sensitivity_samples, progress=progress, ray=cfg.ray, reference=loaded)
+    del trial
+    units, sweep_db, spent = fidelity.floor_units(sens, evaluate, cfg.sqnr_floor, flops, allowed)
+    del evaluate
+    out.update(sweep_seconds=round(sens.seconds, 2), sweep_db=_r(sweep_db), units_measured=len(sens.units))
+    why = f"--sqnr-floor {cfg.sqnr_floor:g}: returned to float"
+    # the sweep's estimate misses what planning again does (P14, fusions): while the written model
+    # is below the floor, the next units of the ranking join, each checked on the written model
+    queue = [u for u in fidelity.floor_ranked(sens, flops) if u not in units]
+    best, best_units, checks = current, [], 0
+    while checks < FLOOR_CHECKS:
+        if units:
+            _, _, after = written(extra + [(u, why) for u in units])
+            checks += 1
+            if after.overall_db > best.overall_db:
+                best, best_units = after, list(units)
+            if after.overall_db >= cfg.sqnr_floor:
+                break
+        nxt = next((u for u in queue if spent + flops[u] <= allowed), None)
+        if nxt is None:
+            break
+        queue.remove(nxt)
+        units.append(nxt)
+        spent += flops[nxt]
+    out.update(nodes=best_units, flops_share=round(sum(flops[u] for u in best_units) / total, 6) if total else 0.0,
+               after_db=_r(best.overall_db), kept=bool(best_units), written_checks=checks)
+    return out, best
+
+
+FLOOR_CHECKS = 6           # written models the floor builds and measures at most
+
+
+def _written_model(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig,
+                   data: CalibrationData) -> onnx.ModelProto:
+    """The model quantize() writes for `plan`, inserted and deployed as the run does, on a copy."""
+    copy = io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version, fixed_inputs=loaded.fixed_inputs)
+    if means is not None:
+        correct_biases(copy.graph, plan, means)
+    fmt = cfg.format
+    assert fmt is not None, "INT4 runs take their own pipeline"
+    inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt)
+    model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport())
+    return model
 
 
 def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig, data: CalibrationData,

@@ -73,6 +73,7 @@ class InsertReport(RunLog):
     notes: list[str] = field(default_factory=list)            # why little or nothing was quantized
     fallback: dict | None = None
     attention: dict | None = None     # --int8-attention: what was measured and decided
+    fidelity: dict | None = None      # measured decisions: bias correction (auto), fragile heads, --sqnr-floor
     int4: dict | None = None          # --precision int4: weights, bytes before and after
     tensorrt: dict | None = None      # the simulator's summary of the written model
 
@@ -144,6 +145,11 @@ class InsertReport(RunLog):
     def output_aware(self) -> dict | None:
         p = self._last("output_aware")
         return p.details if p else None
+
+    @property
+    def equalized(self) -> dict | None:
+        p = self._last("equalize")
+        return p.details if p and p.changed else None
 
     @property
     def bias_corrected(self) -> int:
@@ -226,6 +232,10 @@ class InsertReport(RunLog):
             else:
                 lines.append(f"attention: {a['gemms']} GEMMs {q if a['int8'] else 'float'} "
                              f"(--int8-attention {a['mode']}{'; ' + a['why'] if a.get('why') else ''})")
+        eq = self.equalized
+        if eq:
+            lines.append(f"equalized: {len(eq['pairs'])} Conv pairs ({eq['rounds']} rounds; widest per-channel "
+                         f"scale spread {max(eq['spread'].values()):.3g}x)")
         if self.bias_corrected:
             lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
         width = max([len(op) for op in self.ops] + [7])
@@ -270,6 +280,7 @@ class InsertReport(RunLog):
             for n in fb["float_nodes"]:
                 gain = next(r["gain_db"] for r in fb["ranking"] if r["node"] == n)
                 lines.append(f"  float: {n} (+{gain:.1f} dB alone)")
+        lines += _fidelity_lines(self.fidelity, q)
         for n in self.notes:
             lines.append(f"note: {n}")
         for w in (dict.fromkeys(self.warnings) if warnings else ()):
@@ -277,6 +288,41 @@ class InsertReport(RunLog):
         if self.output:
             lines.append(f"wrote {self.output}")
         return "\n".join(lines)
+
+
+def _db(v) -> str:
+    return f"{v:.1f} dB" if isinstance(v, (int, float)) else f"{v} dB"
+
+
+def _fidelity_lines(f: dict | None, q: str) -> list[str]:
+    """What the measured decisions did (bias correction auto, fragile heads, --sqnr-floor)."""
+    if not f or "first" not in f:
+        return []
+    lines = [f"output SQNR on {f['samples']} calibration samples: {_db(f['first']['overall_db'])}"
+             + (f" -> {_db(f['final']['overall_db'])}" if f["final"]["overall_db"] != f["first"]["overall_db"] else "")
+             + f" ({f['seconds']:.1f} s measuring)"]
+    b = f.get("bias_correction")
+    if b:
+        lines.append(f"  bias correction {'kept' if b['kept'] else 'dropped'}: {_db(b['with_db'])} with it, "
+                     f"{_db(b['without_db'])} without")
+    for h in f.get("heads", []):
+        if h["kept"]:
+            lines.append(f"  kept float: the head of output '{h['output']}' (SQNR {_db(h['before_db'])} -> "
+                         f"{_db(h['after_db'])}, {_pct(h['flops_share'])} of FLOPs, {len(h['nodes'])} node(s))")
+        else:
+            lines.append(f"  output '{h['output']}' is fragile ({_db(h['before_db'])}); keeping its head float "
+                         f"gave {_db(h['after_db'])}, so it stays {q}")
+    fl = f.get("floor")
+    if fl:
+        if fl["kept"]:
+            lines.append(f"  --sqnr-floor {fl['floor_db']:g}: {len(fl['nodes'])} node(s) back to float, most dB per "
+                         f"FLOP first: {_db(fl['before_db'])} -> {_db(fl['after_db'])}, {_pct(fl['flops_share'])} of "
+                         f"FLOPs ({q} share kept >= {100 * fl['min_int8_share']:g}%; sweep {fl['sweep_seconds']:.1f} s)")
+        else:
+            lines.append(f"  --sqnr-floor {fl['floor_db']:g}: {_db(fl['before_db'])} is below it, and no node within "
+                         f"the FLOPs budget ({q} share kept >= {100 * fl['min_int8_share']:g}%) raised it "
+                         f"(sweep {fl['sweep_seconds']:.1f} s)")
+    return lines
 
 
 def _pct(share: float) -> str:

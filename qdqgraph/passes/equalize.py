@@ -1,0 +1,157 @@
+"""Cross-layer equalization (insert --equalize): even out the per-channel weight ranges of two
+convolutions in a row, folded into their weights.
+
+For Conv1 -> [f] -> Conv2, where f is absent or positive-homogeneous (f(s x) = s f(x) for s > 0:
+Relu, LeakyRelu, PRelu), dividing output channel i of Conv1 (its weights and bias) by s_i and
+multiplying the weights that read input channel i of Conv2 by s_i leaves the model's function
+unchanged. With r1_i = max|W1[i]| and r2_i = max|W2[:, i]|, s_i = sqrt(r1_i * r2_i) / r2_i gives both
+weights the range sqrt(r1_i * r2_i) on channel i (Nagel et al., 2019, "Data-Free Quantization
+Through Weight Equalization and Bias Correction"). Depthwise-separable networks gain most: a
+depthwise conv whose BatchNorm was folded in has channel ranges orders of magnitude apart, and both
+the per-tensor INT8 scale of the tensor between the two convs and the pointwise conv's per-output-
+channel weight scale are sized by the largest channel, leaving the small ones a few levels.
+
+Nothing is added to the graph. Clip and ReLU6 are not positive-homogeneous (scaling moves the clip
+point), so a pair with one between is left alone, as is a pair whose middle tensor is read by
+anything else or is a graph output. BatchNormalization is folded into the convs by the cleaning
+stage before this pass runs. Pairs share convs along a chain (Conv1 -> Conv2 -> Conv3), so the
+pass runs a few rounds, until the scales stop moving.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..view import GraphView
+from .base import PassResult, result
+
+ROUNDS = 8
+MAX_SCALE = 1e4          # s is clipped to [1/MAX_SCALE, MAX_SCALE]
+CONVERGED = 1e-3         # a round whose scales all lie within 1 +- this ends the rounds
+
+
+def _weighted_conv(view: GraphView, node: gs.Node) -> np.ndarray | None:
+    """The constant float weight of a Conv (not ConvTranspose) with a constant or no bias, else None."""
+    if not view.vocab.is_(node, "conv") or view.vocab.is_(node, "conv_transpose") or len(node.inputs) < 2:
+        return None
+    w = view.constant_value(node.inputs[1])
+    if w is None or w.ndim < 3 or not np.issubdtype(w.dtype, np.floating):
+        return None
+    if len(node.inputs) > 2 and node.inputs[2].name and view.constant_value(node.inputs[2]) is None:
+        return None
+    return w
+
+
+def _only_reader(view: GraphView, tensor: gs.Tensor) -> gs.Node | None:
+    """The one node reading `tensor` (as its data input 0), when nothing else uses it."""
+    if view.is_graph_output(tensor) or view.used_in_subgraph(tensor):
+        return None
+    users = view.consumers(tensor)
+    if len(users) != 1 or users[0][1] != 0:
+        return None
+    return users[0][0]
+
+
+def pairs(graph: gs.Graph) -> list[tuple[gs.Node, gs.Node | None, gs.Node]]:
+    """(Conv1, activation or None, Conv2) for every pair equalization may rescale."""
+    view = GraphView(graph)
+    out = []
+    for first in view.nodes:
+        if _weighted_conv(view, first) is None or len(first.outputs) != 1:
+            continue
+        nxt = _only_reader(view, first.outputs[0])
+        act = None
+        if nxt is not None and view.vocab.is_(nxt, "positive_homogeneous") and len(nxt.outputs) == 1:
+            act, nxt = nxt, _only_reader(view, nxt.outputs[0])
+        if nxt is None or _weighted_conv(view, nxt) is None or nxt is first:
+            continue
+        w1, w2 = view.constant(first.inputs[1]), view.constant(nxt.inputs[1])
+        if w2.shape[1] * int(nxt.attrs.get("group", 1)) != w1.shape[0]:
+            continue
+        if act is not None and not _slope_ok(view, act, w1.shape[0]):
+            continue
+        out.append((first, act, nxt))
+    return out
+
+
+def _slope_ok(view: GraphView, act: gs.Node, channels: int) -> bool:
+    """A PRelu's slope must be a constant that is one value or one per channel (axis 1): the
+    scale of a channel then passes through it."""
+    if len(act.inputs) < 2:
+        return True
+    slope = view.constant_value(act.inputs[1])
+    if slope is None:
+        return False
+    shape = list(np.shape(slope))
+    if int(np.prod(shape)) == 1:
+        return True
+    if int(np.prod(shape)) != channels:
+        return False
+    # broadcast against [N, C, ...]: the channel axis is the fourth from the end of a 4-D input,
+    # so a slope [C, 1, 1] or [1, C, 1, 1] is per channel
+    return (len(shape) == 3 and shape[0] == channels) or (len(shape) == 4 and shape[1] == channels)
+
+
+def _in_ranges(w2: np.ndarray, group: int) -> np.ndarray:
+    """max |W2| per input channel of Conv2 (over the outputs that read it)."""
+    o, cg = w2.shape[0], w2.shape[1]
+    per = np.abs(w2).reshape(group, o // group, cg, -1).max(axis=(1, 3))     # [group, C/g]
+    return per.reshape(-1)
+
+
+def _in_scale(w2: np.ndarray, group: int, s: np.ndarray) -> np.ndarray:
+    """W2 with the weights of input channel c multiplied by s[c]."""
+    o, cg = w2.shape[0], w2.shape[1]
+    per_out = s.reshape(group, 1, cg).repeat(o // group, axis=1).reshape(o, cg)
+    return w2 * per_out.reshape(o, cg, *([1] * (w2.ndim - 2)))
+
+
+def _scales(w1: np.ndarray, w2: np.ndarray, group: int) -> np.ndarray:
+    r1 = np.abs(w1).reshape(w1.shape[0], -1).max(axis=1).astype(np.float64)
+    r2 = _in_ranges(w2, group).astype(np.float64)
+    s = np.ones_like(r1)
+    ok = (r1 > 0) & (r2 > 0)
+    s[ok] = np.sqrt(r1[ok] * r2[ok]) / r2[ok]
+    return np.clip(s, 1 / MAX_SCALE, MAX_SCALE)
+
+
+def equalize(graph: gs.Graph, rounds: int = ROUNDS) -> PassResult:
+    """Equalize every pair of `pairs(graph)` in place, for up to `rounds` rounds. Details:
+    `pairs` ([Conv1, Conv2] names), `rounds` (how many ran), `spread` ({Conv1: the largest over
+    the smallest scale of its first round})."""
+    found = pairs(graph)
+    if not found:
+        return result("equalize", False, pairs=[], rounds=0, spread={})
+    view = GraphView(graph)
+    w = {}
+    b = {}
+    for first, _, second in found:
+        for node in (first, second):
+            if node.name not in w:
+                w[node.name] = view.constant(node.inputs[1]).astype(np.float64)
+                b[node.name] = (view.constant(node.inputs[2]).astype(np.float64)
+                                if len(node.inputs) > 2 and node.inputs[2].name else None)
+    spread: dict[str, float] = {}
+    done = 0
+    for done in range(1, rounds + 1):
+        moved = 0.0
+        for first, _, second in found:
+            group = int(second.attrs.get("group", 1))
+            s = _scales(w[first.name], w[second.name], group)
+            spread.setdefault(first.name, float(s.max() / s.min()))
+            w[first.name] = w[first.name] / s.reshape(-1, *([1] * (w[first.name].ndim - 1)))
+            if b[first.name] is not None:
+                b[first.name] = b[first.name] / s
+            w[second.name] = _in_scale(w[second.name], group, s)
+            moved = max(moved, float(np.max(np.abs(np.log(s)))))
+        if moved < CONVERGED:
+            break
+    nodes = {n.name: n for n in graph.nodes}
+    for name, value in w.items():
+        node = nodes[name]
+        dtype = view.constant(node.inputs[1]).dtype
+        node.inputs[1] = gs.Constant(f"{name}_weight_equalized", value.astype(dtype))
+        if b[name] is not None:
+            node.inputs[2] = gs.Constant(f"{name}_bias_equalized", b[name].astype(view.constant(node.inputs[2]).dtype))
+    return result("equalize", True, pairs=[[f.name, s.name] for f, _, s in found], rounds=done,
+                  spread={k: round(v, 2) for k, v in spread.items()})
