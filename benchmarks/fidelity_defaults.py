@@ -2,13 +2,14 @@
 """Cross-layer equalization, bias correction, fragile heads and the SQNR floor, one at a time and as
 the default, on the zoo, torchvision and the transformer set (issue 31).
 
-    python benchmarks/fidelity_defaults.py [--only a,b] [--variants none,cle,...] [--samples 8]
+    python benchmarks/fidelity_defaults.py [--only a,b] [--variants none,cle,...] [--samples 32]
                                            [--jsonl OUT.jsonl] [--holdout 16]
 
 For every model and variant it runs `qdqgraph.quantize` in this process on the model's calibration
 file, timed, and measures the written model (FP16 islands, as written) in onnxruntime, opened by
 qdqgraph's session (onnxruntime's rewrites that TensorRT does not make are off), against the float
-model: the output SQNR on the first --samples calibration samples (what the measured decisions see)
+model: the output SQNR on the first --samples calibration samples (what the measured decisions see:
+qdqgraph.pipeline.FIDELITY_SAMPLES)
 and on --holdout samples the run never saw (the zoo's data file, odd-indexed samples, where it has
 the model's inputs), per output and over all outputs; with the INT8 FLOPs share the simulator
 predicts and the nodes each decision returned to float. One JSON line per (model, variant) goes to
@@ -127,7 +128,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--holdout", type=int, default=16)
     ap.add_argument("--jsonl", type=Path, default=Path("/tmp/qdqgraph-fidelity.jsonl"))
     a = ap.parse_args()

@@ -421,11 +421,12 @@ def _measured(cfg: QuantizeConfig, calib, data) -> bool:
 def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
               report: InsertReport, progress=None, floated: tuple = ()):
     """The measured decisions, each on the model as it will be written, against float on the first
-    --sensitivity-samples samples: bias correction (auto) kept where it raises the output SQNR; the
-    head of a fragile output kept float; below --sqnr-floor, the FLOP-aware fallback. Returns
-    (plan, amax, means)."""
+    FIDELITY_SAMPLES calibration samples (at least --sensitivity-samples, the sweep's): bias
+    correction (auto) kept where it raises the output SQNR; the head of a fragile output kept float;
+    below --sqnr-floor, the FLOP-aware fallback. Returns (plan, amax, means)."""
     from . import fidelity
-    ref = fidelity.reference(loaded, data, cfg.sensitivity_samples, list(cfg.providers) if cfg.providers else None)
+    ref = fidelity.reference(loaded, data, max(cfg.sensitivity_samples, FIDELITY_SAMPLES),
+                             list(cfg.providers) if cfg.providers else None)
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
     flops = fidelity.node_flops(loaded.graph)
     total = sum(flops.values())
@@ -494,6 +495,10 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     return plan, amax, means
 
 
+# The written models are compared on more samples than the sweep ranks on: chosen on 8, a float
+# fallback on ddddocr_ocr raised their SQNR 24.9 -> 27.6 dB and lowered 16 held-out samples' 24.8 ->
+# 21.4 dB; bias correction likewise lost 6.8 dB on the first 8 samples and won 0.6 dB held out.
+FIDELITY_SAMPLES = 32
 HEAD_MIN_GAIN_DB = 1.0     # a fragile head stays float when that raises its output's SQNR this much
 
 
