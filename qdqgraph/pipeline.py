@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import advice, attention, attention_guard, branches, distributed, io
+from . import advice, attention, attention_guard, branches, distributed, fidelity, io
 from .calibration import calibrate_plan, ranges_from_cache
 from .config import DEFAULT_SQNR_FLOOR, QuantizeConfig, config_from
 from .data import CalibrationData
@@ -195,6 +195,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     means = None
     measured = _measured(cfg, calib, data) and bool(plan.activation_sites())
     if cfg.bias_correction or (cfg.bias_correction is None and measured and plan.weight_sites()):
+        assert data is not None, "_require_data and _measured ask for real data"
         with report.stage("bias correction"):
             means = input_means(loaded, plan, data)
     inserted = None
@@ -202,6 +203,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
         with report.stage("sensitivity"):
             plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated)
     elif measured:
+        assert data is not None, "_measured asks for real data"
         with report.stage("fidelity"):
             plan, amax, means = _fidelity(loaded, plan, amax, means, data, cfg, report, progress, floated)
     with report.stage("insert"):
@@ -424,7 +426,6 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     FIDELITY_SAMPLES calibration samples (at least --sensitivity-samples, the sweep's): bias
     correction (auto) kept where it raises the output SQNR; the head of a fragile output kept float;
     below --sqnr-floor, the FLOP-aware fallback. Returns (plan, amax, means)."""
-    from . import fidelity
     ref = fidelity.reference(loaded, data, max(cfg.sensitivity_samples, FIDELITY_SAMPLES),
                              list(cfg.providers) if cfg.providers else None)
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
@@ -479,12 +480,12 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
         out["heads"] = heads
     if cfg.sqnr_floor is not None and current.overall_db < cfg.sqnr_floor:
         floor_plan = plan_for(loaded, cfg, floated + tuple(extra)) if extra else plan
-        out["floor"], after = _floor(loaded, floor_plan, per_tensor, means, data, cfg, flops, current, progress,
-                                     extra, written)
+        out["floor"], floored = _floor(loaded, floor_plan, per_tensor, means, data, cfg, flops, current, progress,
+                                       extra, written)
         if out["floor"]["kept"]:
             why = f"--sqnr-floor {cfg.sqnr_floor:g}: returned to float (most output SQNR per FLOP)"
             extra += [(u, why) for u in out["floor"]["nodes"]]
-            current = after
+            current = floored
     out["final"] = current.to_dict()
     out["float_nodes"] = [n for n, _ in extra]
     out["seconds"] = round(time.perf_counter() - start, 2)
@@ -507,14 +508,15 @@ def _r(db: float):
 
 
 def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: CalibrationData, cfg: QuantizeConfig,
-           flops: dict, current, progress, extra: list, written) -> tuple[dict, object]:
+           flops: dict, current: fidelity.Fidelity, progress, extra: list,
+           written) -> tuple[dict, fidelity.Fidelity]:
     """Below --sqnr-floor: the sensitivity sweep on `plan` (the run's, with `extra` float), then the
     units with the most dB per FLOP back to float while at least --floor-int8-flops of the FLOPs
     stay quantized, checked on the written model and kept only when that is better. Returns (what
     was done, for the report; the written model's Fidelity with it)."""
-    from . import fidelity
     from .fidelity.floor import quantized_share
-    assert cfg.sqnr_floor is not None
+    fmt = cfg.format
+    assert cfg.sqnr_floor is not None and fmt is not None, "a floor of INT8 or FP8 runs"
     total = sum(flops.values())
     share = quantized_share(plan, flops)
     allowed = max(0.0, share - cfg.floor_int8_flops / 100) * total
@@ -524,7 +526,7 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
     trial = loaded.graph.copy()
     if means is not None:
         correct_biases(trial, plan, means)
-    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
+    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=fmt)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, progress=progress, ray=cfg.ray, reference=loaded)
     del trial

@@ -151,7 +151,8 @@ def equalize(graph: gs.Graph, rounds: int = ROUNDS) -> PassResult:
         node = nodes[name]
         dtype = view.constant(node.inputs[1]).dtype
         node.inputs[1] = gs.Constant(f"{name}_weight_equalized", value.astype(dtype))
-        if b[name] is not None:
-            node.inputs[2] = gs.Constant(f"{name}_bias_equalized", b[name].astype(view.constant(node.inputs[2]).dtype))
+        bias = b[name]
+        if bias is not None:
+            node.inputs[2] = gs.Constant(f"{name}_bias_equalized", bias.astype(view.constant(node.inputs[2]).dtype))
     return result("equalize", True, pairs=[[f.name, s.name] for f, _, s in found], rounds=done,
                   spread={k: round(v, 2) for k, v in spread.items()})
