@@ -433,12 +433,13 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     total = sum(flops.values())
     start = time.perf_counter()
     extra: list[tuple[str, str]] = []
+    ranges: dict = {}               # the float islands' ranges, measured for the first written model
 
     def written(float_nodes: list) -> tuple[Plan, dict, fidelity.Fidelity]:
         p = plan_for(loaded, cfg, floated + tuple(float_nodes)) if float_nodes else plan
         a = ranges_from_cache(p, per_tensor)[0] if float_nodes else amax
         try:
-            model = _written_model(loaded, p, a, means, cfg, data)
+            model = _written_model(loaded, p, a, means, cfg, data, ranges)
         except QdqError:                # a model onnxruntime cannot run here (bf16 islands on a CPU)
             return p, a, fidelity.Fidelity(float("nan"))
         fid = fidelity.fidelity_of(model, ref)
@@ -561,15 +562,16 @@ FLOOR_CHECKS = 6           # written models the floor builds and measures at mos
 
 
 def _written_model(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig,
-                   data: CalibrationData) -> onnx.ModelProto:
-    """The model quantize() writes for `plan`, inserted and deployed as the run does, on a copy."""
+                   data: CalibrationData, range_cache: dict | None = None) -> onnx.ModelProto:
+    """The model quantize() writes for `plan`, inserted and deployed as the run does, on a copy
+    (the float islands' ranges from `range_cache` where it has them: see _deploy)."""
     copy = io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version, fixed_inputs=loaded.fixed_inputs)
     if means is not None:
         correct_biases(copy.graph, plan, means)
     fmt = cfg.format
     assert fmt is not None, "INT4 runs take their own pipeline"
     inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt)
-    model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport())
+    model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport(), range_cache)
     return model
 
 
@@ -589,10 +591,13 @@ def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeC
 
 
 def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: CalibrationData | None,
-            report: InsertReport) -> tuple[onnx.ModelProto, io.Loaded]:
+            report: InsertReport, range_cache: dict | None = None) -> tuple[onnx.ModelProto, io.Loaded]:
     """The written model: float islands in cfg.high_precision (opset raised to 19 for their
     scales), checked. With `data`, ops whose outputs reach passes.precision.RANGE_LIMIT on a few
-    samples stay float32. Returns the model and the graph it was exported from."""
+    samples stay float32. `range_cache`: the ranges measured for an earlier plan of the same model
+    reused when it holds them, kept in it when empty (the fidelity checks build several written
+    models, and the ranges are a third of a large detector's insert time). Returns the model and
+    the graph it was exported from."""
     report.add([bias_to_add(loaded.graph)])        # every onnxruntime session then computes what TensorRT does
     if cfg.high_precision == "fp32":
         with report.stage("insert"):
@@ -603,8 +608,12 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
         model = io.to_model(loaded, provenance, tidy=False)           # insert_qdq left it tidy
         _free_if_large(loaded)
     with report.stage("island ranges"):             # a run on calibration samples (rule H5)
-        if data is not None:
+        if range_cache:
+            ranges = range_cache
+        elif data is not None:
             ranges = measure_ranges(loaded, data, providers=list(cfg.providers) if cfg.providers else None)
+            if range_cache is not None:
+                range_cache.update(ranges)
         else:
             ranges = {}
             report.warnings.append(f"no calibration data: {cfg.high_precision} islands were made without "
