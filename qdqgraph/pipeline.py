@@ -529,7 +529,8 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
         correct_biases(trial, plan, means)
     insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=fmt)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
-                             cfg.sensitivity_samples, progress=progress, ray=cfg.ray, reference=loaded)
+                             cfg.sensitivity_samples, progress=progress, ray=cfg.ray, reference=loaded,
+                             float_only=True)
     del trial
     units, sweep_db, spent = fidelity.floor_units(sens, evaluate, cfg.sqnr_floor, flops, allowed)
     del evaluate
