@@ -133,7 +133,7 @@ def main():
     ap.add_argument("--jsonl", type=Path, default=Path("/tmp/qdqgraph-fidelity.jsonl"))
     a = ap.parse_args()
     found = models()
-    names = [n for n in found if not a.only or n in a.only.split(",")]
+    names = [n for n in a.only.split(",") if n in found] if a.only else list(found)
     rows = []
     for n in names:
         for v in a.variants.split(","):
