@@ -193,8 +193,8 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
                 plan = plan_for(loaded, cfg, floated)
                 amax, _ = ranges_from_cache(plan, per_tensor)
     means = None
-    measured = _measured(cfg, calib, data) and bool(plan.activation_sites())
-    if cfg.bias_correction or (cfg.bias_correction is None and measured and plan.weight_sites()):
+    measured = _measured(cfg, calib, data, loaded) and bool(plan.activation_sites())
+    if cfg.bias_correction or (_auto_bias(cfg) and measured and plan.weight_sites()):
         assert data is not None, "_require_data and _measured ask for real data"
         with report.stage("bias correction"):
             means = input_means(loaded, plan, data)
@@ -413,11 +413,16 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     return plan, amax, None
 
 
-def _measured(cfg: QuantizeConfig, calib, data) -> bool:
-    """Whether the run measures its written model to decide (bias correction auto, fragile heads,
-    the SQNR floor): real data, and one of them asked for."""
+def _auto_bias(cfg: QuantizeConfig) -> bool:
+    """Bias correction decided by measurement: auto, in INT8 (its shift is INT8's rounding error)."""
+    return cfg.bias_correction is None and cfg.precision == "int8"
+
+
+def _measured(cfg: QuantizeConfig, calib, data, loaded: io.Loaded) -> bool:
+    """Whether the run measures its written model to decide (bias correction auto, fragile heads
+    of a model with several outputs, the SQNR floor): real data, and one of them asked for."""
     return data is not None and is_real(calib) and (
-        cfg.bias_correction is None or cfg.fragile_heads or cfg.sqnr_floor is not None)
+        _auto_bias(cfg) or (cfg.fragile_heads and len(loaded.graph.outputs) > 1) or cfg.sqnr_floor is not None)
 
 
 def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
@@ -451,7 +456,7 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
         report.fidelity = {"skipped": "the written model cannot run in onnxruntime here"}
         return plan, amax, means
     out: dict = {"samples": ref.samples, "first": current.to_dict()}
-    if cfg.bias_correction is None and means:
+    if _auto_bias(cfg) and means:
         kept = dict(means)
         means = None
         _, _, without = written([])
