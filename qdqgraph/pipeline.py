@@ -528,6 +528,14 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
     allowed = max(0.0, share - cfg.floor_int8_flops / 100) * total
     out: dict = {"floor_db": cfg.sqnr_floor, "before_db": _r(current.overall_db), "int8_share_before": round(share, 4),
                  "min_int8_share": cfg.floor_int8_flops / 100, "nodes": [], "kept": False}
+    # only the weighted nodes that fit the budget are swept (the others stay as planned): fewer runs
+    candidates = {n for n, f in flops.items() if f <= allowed and (d := plan.decisions.get(n)) is not None
+                  and d.quantized}
+    if not candidates:
+        out.update(sweep_seconds=0.0, units_measured=0,
+                   why=f"no quantized Conv/Gemm/MatMul fits the budget ({100 * share:.1f}% of the FLOPs "
+                       f"quantized, at least {cfg.floor_int8_flops:g}% to keep)")
+        return out, current
     amax = ranges_from_cache(plan, per_tensor)[0]
     trial = loaded.graph.copy()
     if means is not None:
@@ -535,7 +543,7 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
     insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=fmt)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, progress=progress, ray=cfg.ray, reference=loaded,
-                             float_only=True)
+                             only=candidates, float_only=True)
     del trial
     units, sweep_db, spent = fidelity.floor_units(sens, evaluate, cfg.sqnr_floor, flops, allowed)
     del evaluate

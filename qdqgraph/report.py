@@ -319,9 +319,10 @@ def _fidelity_lines(f: dict | None, q: str) -> list[str]:
                          f"FLOP first: {_db(fl['before_db'])} -> {_db(fl['after_db'])}, {_pct(fl['flops_share'])} of "
                          f"FLOPs ({q} share kept >= {100 * fl['min_int8_share']:g}%; sweep {fl['sweep_seconds']:.1f} s)")
         else:
-            lines.append(f"  --sqnr-floor {fl['floor_db']:g}: {_db(fl['before_db'])} is below it, and no node within "
-                         f"the FLOPs budget ({q} share kept >= {100 * fl['min_int8_share']:g}%) raised it "
-                         f"(sweep {fl['sweep_seconds']:.1f} s)")
+            lines.append(f"  --sqnr-floor {fl['floor_db']:g}: {_db(fl['before_db'])} is below it, and "
+                         + (fl["why"] if fl.get("why") else
+                            f"no node within the FLOPs budget ({q} share kept >= {100 * fl['min_int8_share']:g}%) "
+                            f"raised it (sweep {fl['sweep_seconds']:.1f} s)"))
     return lines
 
 
