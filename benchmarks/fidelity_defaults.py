@@ -105,22 +105,48 @@ def run_one(name, paths, variant, opts, samples, holdout) -> dict:
     return row
 
 
+def _db(r: dict | None, key: str) -> str:
+    v = ((r or {}).get(key) or {}).get("overall_db")
+    return "-" if v is None else f"{v:.1f}" if isinstance(v, (int, float)) else str(v)
+
+
+def _did(r: dict) -> str:
+    """What the default's measured decisions did."""
+    f = r.get("fidelity") or {}
+    out = []
+    if r.get("equalized"):
+        out.append(f"{len(r['equalized']['pairs'])} pairs equalized")
+    b = f.get("bias_correction")
+    if b:
+        out.append(f"bias {'kept' if b['kept'] else 'dropped'} ({b['with_db']} vs {b['without_db']} dB)")
+    for h in f.get("heads", []):
+        out.append(f"head '{h['output']}' {'float' if h['kept'] else 'kept'} ({h['before_db']} -> {h['after_db']} dB)")
+    fl = f.get("floor")
+    if fl:
+        out.append(f"floor: {len(fl['nodes'])} nodes float, {100 * fl.get('flops_share', 0):.1f}% FLOPs, "
+                   f"{fl['before_db']} -> {fl.get('after_db', fl['before_db'])} dB, sweep {fl['sweep_seconds']} s"
+                   if fl["kept"] else f"floor: nothing ({fl.get('why') or 'no gain'}; sweep {fl['sweep_seconds']} s)")
+    return "; ".join(out) or "-"
+
+
 def table(rows: list[dict]) -> str:
+    """One line per model: output SQNR (calibration samples / held-out) of each variant, INT8 FLOPs
+    and insert seconds of the plain run and the default, and what the default did."""
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
-    lines = ["| model | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+    head = ["model"] + [f"{v} dB (calib / held-out)" for v in variants] + \
+        ["INT8 FLOPs none -> default", "insert s none -> default", "what the default did"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for m in dict.fromkeys(r["model"] for r in rows):
-        cells = []
+        got = {r["variant"]: r for r in rows if r["model"] == m}
+        cells = [m]
         for v in variants:
-            r = next((x for x in rows if x["model"] == m and x["variant"] == v), None)
-            if r is None or "error" in r:
-                cells.append((r or {}).get("error", "-")[:40])
-                continue
-            c = (r.get("calib") or {}).get("overall_db", "-")
-            h = (r.get("holdout") or {}).get("overall_db")
-            q = r.get("int8_flops")
-            cells.append(f"{c} / {h if h is not None else '-'} dB, {100 * q:.1f}%, {r['seconds']:.1f} s"
-                         if q is not None else f"{c} dB, {r['seconds']:.1f} s")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            r = got.get(v)
+            cells.append("-" if r is None else (r["error"][:40] if "error" in r else f"{_db(r, 'calib')} / {_db(r, 'holdout')}"))
+        n, d = got.get("none") or {}, got.get("default") or {}
+        q = [f"{100 * x['int8_flops']:.1f}%" if x.get("int8_flops") is not None else "-" for x in (n, d)]
+        t = [f"{x['seconds']:.1f}" if "seconds" in x else "-" for x in (n, d)]
+        cells += [" -> ".join(q), " -> ".join(t), _did(d) if d and "error" not in d else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -131,7 +157,12 @@ def main():
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--holdout", type=int, default=16)
     ap.add_argument("--jsonl", type=Path, default=Path("/tmp/qdqgraph-fidelity.jsonl"))
+    ap.add_argument("--table", type=Path, nargs="+", metavar="JSONL",
+                    help="only print the table of rows saved by earlier runs")
     a = ap.parse_args()
+    if a.table:
+        print(table([json.loads(line) for p in a.table for line in p.read_text().splitlines() if line.strip()]))
+        return
     found = models()
     names = [n for n in a.only.split(",") if n in found] if a.only else list(found)
     rows = []
