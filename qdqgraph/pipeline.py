@@ -31,7 +31,7 @@ from .formats import label
 from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
-from .passes.equalize import equalize
+from .passes.equalize import activation_ranges, equalize
 from .passes.insert import insert_qdq
 from .passes.int4_weights import int4_targets, quantize_int4_weights
 from .passes.precision import MIN_OPSET as PRECISION_OPSET
@@ -148,8 +148,10 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     with report.stage("clean"):
         report.add(clean(loaded))
     if cfg.equalize != "off" and cfg.precision != "int4":
-        with report.stage("equalize"):
-            report.add([equalize(loaded.graph)])
+        with report.stage("equalize"):      # by measured activation ranges where there is data
+            stats = activation_ranges(loaded, data) if data is not None and is_real(calib) else None
+            if stats or cfg.equalize == "on":     # auto without data: nothing to choose by
+                report.add([equalize(loaded.graph, stats, choose=cfg.equalize == "auto")])
     if cfg.precision == "int4":
         return _quantize_int4(loaded, data if is_real(calib) else None, cfg, report)
     with report.stage("plan"):

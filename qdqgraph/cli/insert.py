@@ -53,9 +53,12 @@ def add(sub) -> None:
                    help="fold the mean output shift of INT8 weights into the biases (measured on --calib); "
                         "auto: kept where it raises the written model's output SQNR on the --sensitivity-samples "
                         "(alone: on)")
-    g.add_argument("--equalize", choices=list(a.EQUALIZE_MODES), default="auto",
-                   help="cross-layer equalization: even out the per-channel weight ranges of Conv -> [Relu] -> Conv "
-                        "pairs (depthwise-separable blocks), folded into the weights")
+    g.add_argument("--equalize", choices=list(a.EQUALIZE_MODES), default="off",
+                   help="cross-layer equalization of Conv -> [Relu] -> Conv pairs (depthwise-separable blocks), "
+                        "folded into the weights: on scales each pair fully (by the measured ranges of the tensor "
+                        "between the convs with --calib, else by the weights); auto scales a pair as far as an "
+                        "estimate of its rounding noise says it gains (needs --calib). Off by default: it helps "
+                        "constructed pairs and cost silero_vad_op15 10 dB (docs/ACCURACY.md)")
     g.add_argument("--fragile-heads", choices=["on", "off"], default="on",
                    help="keep float the last layers of an output whose own SQNR is far below the others' (a "
                         "regression head beside a classifier), where they cost at most 2%% of the FLOPs")

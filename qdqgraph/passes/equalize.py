@@ -11,6 +11,14 @@ depthwise conv whose BatchNorm was folded in has channel ranges orders of magnit
 the per-tensor INT8 scale of the tensor between the two convs and the pointwise conv's per-output-
 channel weight scale are sized by the largest channel, leaving the small ones a few levels.
 
+TensorRT quantizes Conv1's weights per output channel, so r1_i itself costs nothing; what its
+range stands for in the paper is the range of channel i of the tensor between the convs, which
+is quantized per tensor. With calibration data, r1_i is that tensor's measured range (max |x| per
+channel on the first samples, `activation_ranges`), and the scales balance the activation channels
+against Conv2's input channels. Without data, the weights stand in, as in the paper. The weight
+version hurt where a channel's weights are large and its activations small: silero_vad_op15's
+output SQNR fell from 24.0 to 13.8 dB on its calibration samples (docs/ACCURACY.md).
+
 Nothing is added to the graph. Clip and ReLU6 are not positive-homogeneous (scaling moves the clip
 point), so a pair with one between is left alone, as is a pair whose middle tensor is read by
 anything else or is a graph output. BatchNormalization is folded into the convs by the cleaning
@@ -18,6 +26,8 @@ stage before this pass runs. Pairs share convs along a chain (Conv1 -> Conv2 -> 
 pass runs a few rounds, until the scales stop moving.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -115,13 +125,69 @@ def _scales(w1: np.ndarray, w2: np.ndarray, group: int) -> np.ndarray:
     return np.clip(s, 1 / MAX_SCALE, MAX_SCALE)
 
 
-def equalize(graph: gs.Graph, rounds: int = ROUNDS) -> PassResult:
-    """Equalize every pair of `pairs(graph)` in place, for up to `rounds` rounds. Details:
-    `pairs` ([Conv1, Conv2] names), `rounds` (how many ran), `spread` ({Conv1: the largest over
-    the smallest scale of its first round})."""
+@dataclass
+class ChannelStats:
+    """Of the tensor between a pair's convs, per channel: max |x| and the mean of x^2."""
+    peak: np.ndarray
+    mean_square: np.ndarray
+
+    def scaled(self, s: np.ndarray) -> "ChannelStats":
+        return ChannelStats(self.peak / s, self.mean_square / s ** 2)
+
+
+def activation_ranges(loaded, data, samples: int = 16) -> dict[str, ChannelStats]:
+    """Conv1 name -> ChannelStats of the tensor Conv2 reads, for every pair, over the first
+    `samples` samples of the float model."""
+    from ..runtime import float_activations
+    found = pairs(loaded.graph)
+    tensors = {second.inputs[0].name: first.name for first, _, second in found}
+    if not tensors:
+        return {}
+    peak: dict[str, np.ndarray] = {}
+    square: dict[str, np.ndarray] = {}
+    seen = 0
+    for values in float_activations(loaded, sorted(tensors), data, samples, "equalization"):
+        seen += 1
+        for name, v in values.items():
+            v = np.asarray(v, dtype=np.float64)
+            axes = tuple(d for d in range(v.ndim) if d != 1)
+            key = tensors[name]
+            m, q = np.abs(v).max(axis=axes), (v ** 2).mean(axis=axes)
+            peak[key] = m if key not in peak else np.maximum(peak[key], m)
+            square[key] = q if key not in square else square[key] + q
+    return {k: ChannelStats(peak[k], square[k] / max(seen, 1)) for k in peak}
+
+
+def noise(stats: ChannelStats, w2: np.ndarray, group: int) -> float:
+    """The INT8 rounding noise power at Conv2's output (an estimate, in its units, which scaling
+    leaves alone): the tensor between the convs per tensor (step max|x| / 127, variance step^2 /
+    12, through every weight that reads it) plus Conv2's weights per output channel (step
+    max|W2[o]| / 127, through the mean square of the inputs it reads)."""
+    o, cg = w2.shape[0], w2.shape[1]
+    step_a = float(stats.peak.max()) / 127
+    n_act = step_a ** 2 / 12 * float(np.sum(w2 ** 2))
+    step_w = np.abs(w2).reshape(o, -1).max(axis=1) / 127
+    taps = int(np.prod(w2.shape[2:])) if w2.ndim > 2 else 1
+    per_group = stats.mean_square.reshape(group, cg).sum(axis=1) * taps          # [group]
+    n_w = float(np.sum(step_w ** 2 / 12 * np.repeat(per_group, o // group)))
+    return n_act + n_w
+
+
+STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)   # s ** strength tried where data chooses it
+
+
+def equalize(graph: gs.Graph, stats: dict[str, ChannelStats] | None = None, rounds: int = ROUNDS,
+             choose: bool = False) -> PassResult:
+    """Equalize every pair of `pairs(graph)` in place, for up to `rounds` rounds; `stats` (from
+    `activation_ranges`) stand for Conv1's range where they have its pair. `choose`: with stats,
+    apply s ** t for the t of STRENGTHS whose `noise` is least (t = 0: the pair is left as it is),
+    so a pair is equalized only where the estimate says it gains. Details: `pairs` ([Conv1, Conv2]
+    names of the pairs scaled), `rounds` (how many ran), `spread` ({Conv1: the largest over the
+    smallest scale applied in its first round}), `measured` (pairs scaled by measured ranges),
+    `noise_db` ({Conv1: the estimate's change, dB, over all rounds})."""
     found = pairs(graph)
     if not found:
-        return result("equalize", False, pairs=[], rounds=0, spread={})
+        return result("equalize", False, pairs=[], rounds=0, spread={}, measured=0, noise_db={})
     view = GraphView(graph)
     w = {}
     b = {}
@@ -131,13 +197,28 @@ def equalize(graph: gs.Graph, rounds: int = ROUNDS) -> PassResult:
                 w[node.name] = view.constant(node.inputs[1]).astype(np.float64)
                 b[node.name] = (view.constant(node.inputs[2]).astype(np.float64)
                                 if len(node.inputs) > 2 and node.inputs[2].name else None)
+    act = {f.name: stats[f.name] for f, _, _ in found
+           if stats and f.name in stats and stats[f.name].peak.size == w[f.name].shape[0]}
     spread: dict[str, float] = {}
+    start_noise: dict[str, float] = {}
     done = 0
     for done in range(1, rounds + 1):
         moved = 0.0
         for first, _, second in found:
             group = int(second.attrs.get("group", 1))
-            s = _scales(w[first.name], w[second.name], group)
+            a = act.get(first.name)
+            if a is None and choose:
+                continue                    # nothing measured to choose by
+            s = _scales(w[first.name] if a is None else a.peak.reshape(-1, 1), w[second.name], group)
+            if a is not None and choose:
+                start_noise.setdefault(first.name, noise(a, w[second.name], group))
+                trials = {t: noise(a.scaled(s ** t), _in_scale(w[second.name], group, s ** t), group)
+                          for t in STRENGTHS}
+                s = s ** min(trials, key=lambda t: (trials[t], t))
+            if np.all(s == 1.0):
+                continue
+            if a is not None:
+                act[first.name] = a.scaled(s)
             spread.setdefault(first.name, float(s.max() / s.min()))
             w[first.name] = w[first.name] / s.reshape(-1, *([1] * (w[first.name].ndim - 1)))
             if b[first.name] is not None:
@@ -146,13 +227,19 @@ def equalize(graph: gs.Graph, rounds: int = ROUNDS) -> PassResult:
             moved = max(moved, float(np.max(np.abs(np.log(s)))))
         if moved < CONVERGED:
             break
+    scaled = [(f, sc) for f, _, sc in found if f.name in spread]
+    changed_nodes = {n.name for f, sc in scaled for n in (f, sc)}
+    noise_db = {f.name: round(10 * float(np.log10(noise(act[f.name], w[sc.name], int(sc.attrs.get("group", 1)))
+                                                  / start_noise[f.name])), 2)
+                for f, sc in scaled if f.name in start_noise and start_noise[f.name] > 0}
     nodes = {n.name: n for n in graph.nodes}
-    for name, value in w.items():
+    for name in sorted(changed_nodes):
         node = nodes[name]
+        value = w[name]
         dtype = view.constant(node.inputs[1]).dtype
         node.inputs[1] = gs.Constant(f"{name}_weight_equalized", value.astype(dtype))
         bias = b[name]
         if bias is not None:
             node.inputs[2] = gs.Constant(f"{name}_bias_equalized", bias.astype(view.constant(node.inputs[2]).dtype))
-    return result("equalize", True, pairs=[[f.name, s.name] for f, _, s in found], rounds=done,
-                  spread={k: round(v, 2) for k, v in spread.items()})
+    return result("equalize", bool(scaled), pairs=[[f.name, sc.name] for f, sc in scaled], rounds=done,
+                  spread={k: round(v, 2) for k, v in spread.items()}, measured=len(act), noise_db=noise_db)
