@@ -36,9 +36,10 @@ DEFAULT_SMOOTH_ALPHA = 0.5
 DEFAULT_SENSITIVITY_SAMPLES = 8
 ATTENTION_MODES = ("auto", "on", "off")
 EQUALIZE_MODES = ("auto", "on", "off")
-# The output SQNR (dB, calibration samples, against float) a default run reaches when it can: below
-# it, quantized nodes go back to float, most dB per FLOP first, while at least FLOOR_INT8_FLOPS % of
-# the weighted FLOPs stay quantized (docs/ACCURACY.md: what it buys and costs on the zoo).
+# --sqnr-floor: the output SQNR (dB, calibration samples, against float) a run reaches when it can:
+# below it, quantized nodes go back to float, most dB per FLOP first, while at least
+# DEFAULT_FLOOR_INT8_FLOPS % of the weighted FLOPs stay quantized. Not on by default: what it buys
+# and what it costs are in docs/ACCURACY.md.
 DEFAULT_SQNR_FLOOR = 25.0
 DEFAULT_FLOOR_INT8_FLOPS = 90.0
 ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 while it costs at most this
@@ -127,16 +128,19 @@ class QuantizeConfig:
     gpu: str | None = None                     # the GPU of the summary's speed estimate (rules/gpus.toml);
                                                # None: trtsim.latency.DEFAULT_GPU of the target
     # recipes
-    bias_correction: bool | None = None        # None: auto, kept where it raises the written model's
-                                               # output SQNR on the calibration samples (measured)
+    bias_correction: bool | None = False       # None: auto, kept where it raises the written model's
+                                               # output SQNR on the calibration samples (measured);
+                                               # off by default: +0.1 to +1.5 dB for 2-4x the insert
+                                               # time (docs/ACCURACY.md)
     equalize: str = "off"                      # cross-layer equalization of Conv -> [Relu] -> Conv
                                                # pairs: on | off | auto (passes.equalize); off by
                                                # measurement: it cost silero_vad_op15 10 dB
                                                # (docs/ACCURACY.md)
     fragile_heads: bool = True                 # keep float the head of an output far less accurate than
                                                # the others, within 2 % of the FLOPs (measured)
-    sqnr_floor: float | None = DEFAULT_SQNR_FLOOR   # output SQNR (dB) a default run falls back to reach;
-                                               # None: no floor
+    sqnr_floor: float | None = None            # output SQNR (dB) the run falls back to reach, e.g.
+                                               # DEFAULT_SQNR_FLOOR; None: no floor (the default: its
+                                               # sweep cost 5-30x the insert time, docs/ACCURACY.md)
     floor_int8_flops: float = DEFAULT_FLOOR_INT8_FLOPS  # the floor keeps >= this % of FLOPs quantized
     smooth_quant: float | None = None          # SmoothQuant alpha in [0, 1], one for the whole model
     output_aware: bool | None = None           # linear-layer input ranges (and smoothing) chosen by

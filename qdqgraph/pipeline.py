@@ -423,8 +423,9 @@ def _auto_bias(cfg: QuantizeConfig) -> bool:
 def _measured(cfg: QuantizeConfig, calib, data, loaded: io.Loaded) -> bool:
     """Whether the run measures its written model to decide (bias correction auto, fragile heads
     of a model with several outputs, the SQNR floor): real data, and one of them asked for."""
-    return data is not None and is_real(calib) and (
-        _auto_bias(cfg) or (cfg.fragile_heads and len(loaded.graph.outputs) > 1) or cfg.sqnr_floor is not None)
+    if data is None or not is_real(calib) or cfg.high_precision == "bf16":   # onnxruntime's CPU has no BF16
+        return False
+    return _auto_bias(cfg) or (cfg.fragile_heads and len(loaded.graph.outputs) > 1) or cfg.sqnr_floor is not None
 
 
 def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
@@ -445,11 +446,11 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     def written(float_nodes: list) -> tuple[Plan, dict, fidelity.Fidelity]:
         p = plan_for(loaded, cfg, floated + tuple(float_nodes)) if float_nodes else plan
         a = ranges_from_cache(p, per_tensor)[0] if float_nodes else amax
+        model = _written_model(loaded, p, a, means, cfg, data, ranges)
         try:
-            model = _written_model(loaded, p, a, means, cfg, data, ranges)
-        except QdqError:                # a model onnxruntime cannot run here (bf16 islands on a CPU)
+            fid = fidelity.fidelity_of(model, ref)
+        except (QdqError, RuntimeError):    # a model onnxruntime cannot run here (a kernel it lacks)
             return p, a, fidelity.Fidelity(float("nan"))
-        fid = fidelity.fidelity_of(model, ref)
         del model
         return p, a, fid
 

@@ -49,10 +49,10 @@ def add(sub) -> None:
     g.add_argument("--smooth-quant", type=float, nargs="?", const=a.DEFAULT_SMOOTH_ALPHA, metavar="ALPHA",
                    help=f"migrate activation outliers of quantized MatMul/Gemm inputs into their weights "
                         f"(SmoothQuant; ALPHA in [0, 1], {a.DEFAULT_SMOOTH_ALPHA} when omitted)")
-    g.add_argument("--bias-correction", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+    g.add_argument("--bias-correction", nargs="?", const="on", default="off", choices=["auto", "on", "off"],
                    help="fold the mean output shift of INT8 weights into the biases (measured on --calib); "
-                        "auto: kept where it raises the written model's output SQNR on the --sensitivity-samples "
-                        "(alone: on)")
+                        "auto: kept where it raises the written model's output SQNR on the first 32 calibration "
+                        "samples (alone: on)")
     g.add_argument("--equalize", choices=list(a.EQUALIZE_MODES), default="off",
                    help="cross-layer equalization of Conv -> [Relu] -> Conv pairs (depthwise-separable blocks), "
                         "folded into the weights: on scales each pair fully (by the measured ranges of the tensor "
@@ -73,9 +73,10 @@ def add(sub) -> None:
                    help="return the most sensitive nodes to float until the output SQNR against float reaches "
                         "this many dB (measured on --sensitivity-samples calibration samples)")
     g.add_argument("--max-float-layers", type=int, metavar="K", help="at most K nodes returned to float")
-    g.add_argument("--sqnr-floor", type=a.floor_db, default=a.DEFAULT_SQNR_FLOOR, metavar="DB|off",
-                   help="without --accuracy-budget: when the output SQNR on the calibration samples is below DB, "
-                        "return nodes to float, most dB per FLOP first, within --floor-int8-flops")
+    g.add_argument("--sqnr-floor", type=a.floor_db, default=None, metavar="DB|off",
+                   help=f"without --accuracy-budget: when the output SQNR on the first 32 calibration samples is "
+                        f"below DB (e.g. {a.DEFAULT_SQNR_FLOOR:g}), return Conv/Gemm/MatMul nodes to float, most dB "
+                        f"per FLOP first, within --floor-int8-flops (default off: docs/ACCURACY.md)")
     g.add_argument("--floor-int8-flops", type=float, default=a.DEFAULT_FLOOR_INT8_FLOPS, metavar="PCT",
                    help="the --sqnr-floor fallback keeps at least PCT%% of the weighted FLOPs quantized")
     g.add_argument("--sensitivity-samples", type=int, default=a.DEFAULT_SENSITIVITY_SAMPLES, metavar="N",
