@@ -39,6 +39,8 @@ VARIANTS = {
     "bias-auto": ("+ --bias-correction auto", {**OFF, "bias_correction": None}),
     "heads": ("+ --fragile-heads on", {**OFF, "fragile_heads": True}),
     "floor": ("+ --sqnr-floor 25", {**OFF, "sqnr_floor": 25.0}),
+    "all": ("+ --bias-correction auto --sqnr-floor 25 (fragile heads on)",
+            {**OFF, "bias_correction": None, "fragile_heads": True, "sqnr_floor": 25.0}),
     "default": ("the defaults", {}),
 }
 
@@ -134,7 +136,7 @@ def table(rows: list[dict]) -> str:
     and insert seconds of the plain run and the default, and what the default did."""
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
     head = ["model"] + [f"{v} dB (calib / held-out)" for v in variants] + \
-        ["INT8 FLOPs none -> default", "insert s none -> default", "what the default did"]
+        ["INT8 FLOPs none -> all", "insert s none -> all", "what `all` did"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for m in dict.fromkeys(r["model"] for r in rows):
         got = {r["variant"]: r for r in rows if r["model"] == m}
@@ -142,7 +144,7 @@ def table(rows: list[dict]) -> str:
         for v in variants:
             r = got.get(v)
             cells.append("-" if r is None else (r["error"][:40] if "error" in r else f"{_db(r, 'calib')} / {_db(r, 'holdout')}"))
-        n, d = got.get("none") or {}, got.get("default") or {}
+        n, d = got.get("none") or {}, got.get("all") or got.get("default") or {}
         q = [f"{100 * x['int8_flops']:.1f}%" if x.get("int8_flops") is not None else "-" for x in (n, d)]
         t = [f"{x['seconds']:.1f}" if "seconds" in x else "-" for x in (n, d)]
         cells += [" -> ".join(q), " -> ".join(t), _did(d) if d and "error" not in d else "-"]
