@@ -35,6 +35,13 @@ INT4_ONLY = {"block_size": DEFAULT_BLOCK_SIZE, "int4_method": "awq"}   # INT4's 
 DEFAULT_SMOOTH_ALPHA = 0.5
 DEFAULT_SENSITIVITY_SAMPLES = 8
 ATTENTION_MODES = ("auto", "on", "off")
+EQUALIZE_MODES = ("auto", "on", "off")
+# --sqnr-floor: the output SQNR (dB, calibration samples, against float) a run reaches when it can:
+# below it, quantized nodes go back to float, most dB per FLOP first, while at least
+# DEFAULT_FLOOR_INT8_FLOPS % of the weighted FLOPs stay quantized. Not on by default: what it buys
+# and what it costs are in docs/ACCURACY.md.
+DEFAULT_SQNR_FLOOR = 25.0
+DEFAULT_FLOOR_INT8_FLOPS = 90.0
 ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 while it costs at most this
                                # much output SQNR, measured against the same plan with attention float
 
@@ -127,7 +134,20 @@ class QuantizeConfig:
     gpu: str | None = None                     # the GPU of the summary's speed estimate (rules/gpus.toml);
                                                # None: trtsim.latency.DEFAULT_GPU of the target
     # recipes
-    bias_correction: bool = False
+    bias_correction: bool | None = False       # None: auto, kept where it raises the written model's
+                                               # output SQNR on the calibration samples (measured);
+                                               # off by default: +0.1 to +1.5 dB for 2-4x the insert
+                                               # time (docs/ACCURACY.md)
+    equalize: str = "off"                      # cross-layer equalization of Conv -> [Relu] -> Conv
+                                               # pairs: on | off | auto (passes.equalize); off by
+                                               # measurement: it cost silero_vad_op15 10 dB
+                                               # (docs/ACCURACY.md)
+    fragile_heads: bool = True                 # keep float the head of an output far less accurate than
+                                               # the others, within 2 % of the FLOPs (measured)
+    sqnr_floor: float | None = None            # output SQNR (dB) the run falls back to reach, e.g.
+                                               # DEFAULT_SQNR_FLOOR; None: no floor (the default: its
+                                               # sweep cost 5-30x the insert time, docs/ACCURACY.md)
+    floor_int8_flops: float = DEFAULT_FLOOR_INT8_FLOPS  # the floor keeps >= this % of FLOPs quantized
     smooth_quant: float | None = None          # SmoothQuant alpha in [0, 1], one for the whole model
     output_aware: bool | None = None           # linear-layer input ranges (and smoothing) chosen by
                                                # their output error; None: on for transformers
@@ -224,6 +244,20 @@ class QuantizeConfig:
         if self.output_aware and self.smooth_quant is not None:
             raise QdqError(f"{option('output_aware', True)} and {option('smooth_quant')} both choose the smoothing",
                            f"pass one of them ({option('output_aware', True)} picks the strength per layer)")
+        if self.bias_correction not in (None, True, False):
+            raise QdqError(f"{option('bias_correction')} must be on, off or auto (True, False or None), got "
+                           f"{self.bias_correction!r}", f"pass {option('bias_correction', 'on|off|auto', literal=False)}"
+                           if _CLI() else "pass bias_correction=True, False or None")
+        if self.equalize not in EQUALIZE_MODES:
+            raise QdqError(f"unknown {option('equalize', self.equalize)}", f"use one of {', '.join(EQUALIZE_MODES)}")
+        if self.fragile_heads not in (True, False):
+            raise QdqError(f"{option('fragile_heads')} must be on or off (True or False), got {self.fragile_heads!r}",
+                           f"pass {option('fragile_heads', 'on|off', literal=False)}" if _CLI()
+                           else "pass fragile_heads=True or False")
+        if self.sqnr_floor is not None:
+            _number("sqnr_floor", self.sqnr_floor, fix=f"pass an output SQNR in dB, e.g. {option('sqnr_floor', 25)}")
+        _number("floor_int8_flops", self.floor_int8_flops, 0.0, 100.0,
+                fix=f"pass a percentage of the weighted FLOPs in [0, 100], e.g. {DEFAULT_FLOOR_INT8_FLOPS:g}")
         if self.int8_attention not in ATTENTION_MODES:
             raise QdqError(f"unknown {option('int8_attention', self.int8_attention)}",
                            f"use one of {', '.join(ATTENTION_MODES)}")

@@ -1,7 +1,8 @@
 """`quantize`: the Python API that composes the stages, one way through.
 
-    load (fix inputs) -> clean -> plan (P14) -> [smooth -> replan] -> calibrate -> [bias means]
-        -> [sensitivity -> fallback replan] -> insert -> float islands -> check -> simulate
+    load (fix inputs) -> clean -> [equalize] -> plan (P14) -> [smooth -> replan] -> calibrate
+        -> [bias means] -> [sensitivity -> fallback replan | fidelity: bias correction kept or not,
+        fragile heads, the SQNR floor] -> insert -> float islands -> check -> simulate
 
 The model is read once, the calibration data once (streamed where it is a folder), and every
 stage works on the same graph in memory; the fallback plans again on it rather than reloading the
@@ -16,15 +17,17 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+import time
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from .placement import advice, load_ruleset
 from .graph import attention, branches, io, proto
-from .recipes import attention_guard, output_aware
+from .recipes import attention_guard, output_aware, fidelity
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
-from .config import QuantizeConfig, config_from
+from .config import QuantizeConfig, config_from, DEFAULT_SQNR_FLOOR
 from .samples.data import CalibrationData
 from .errors import InvariantError, QdqError, option
 from .precisions.formats import label
@@ -32,6 +35,8 @@ from .precisions.registry import precision
 from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
+from .passes.equalize import equalize
+from .recipes.equalize import activation_ranges
 from .passes.insert import insert_qdq
 from .recipes.int4_weights import int4_targets, quantize_int4_weights
 from .passes.precision import MIN_OPSET as PRECISION_OPSET, lower_float_islands, measure_ranges, island_opset
@@ -49,6 +54,7 @@ from .trtsim.latency import DEFAULT_GPU, speed_line
 from .trtsim.regions import inner_reformats
 from .graph.view import GraphView
 from .api_checks import quantize as check_arguments
+from .recipes.fidelity.floor import quantized_share
 
 __all__ = ["Result", "quantize", "prepare", "default_output"]
 
@@ -168,6 +174,11 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             report.warnings.append("calibrated on random data: the scales say nothing about accuracy")
     with report.stage("clean"):
         report.add(clean(loaded))
+    if cfg.equalize != "off" and not precision(cfg.precision).weights_only:
+        with report.stage("equalize"):      # by measured activation ranges where there is data
+            stats = activation_ranges(loaded, data) if data is not None and is_real(calib) else None
+            if stats or cfg.equalize == "on":     # auto without data: nothing to choose by
+                report.add([equalize(loaded.graph, stats, choose=cfg.equalize == "auto")])
     if precision(cfg.precision).weights_only:
         return _quantize_int4(loaded, data if is_real(calib) else None, cfg, report)
     with report.stage("plan"):
@@ -209,13 +220,19 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
                 plan = plan_for(loaded, cfg, floated)
                 amax, _ = ranges_from_cache(plan, per_tensor)
     means = None
-    if cfg.bias_correction:
+    measured = _measured(cfg, calib, data, loaded) and bool(plan.activation_sites())
+    if cfg.bias_correction or (_auto_bias(cfg) and measured and plan.weight_sites()):
+        assert data is not None, "_require_data and _measured ask for real data"
         with report.stage("bias correction"):
             means = input_means(loaded, plan, data)
     inserted = None
     if cfg.fallback and plan.activation_sites():
         with report.stage("sensitivity"):
             plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated)
+    elif measured:
+        assert data is not None, "_measured asks for real data"
+        with report.stage("fidelity"):
+            plan, amax, means = _fidelity(loaded, plan, amax, means, data, cfg, report, progress, floated)
     with report.stage("insert"):
         if inserted is None:
             if means is not None:
@@ -454,6 +471,182 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     return plan, amax, None
 
 
+def _auto_bias(cfg: QuantizeConfig) -> bool:
+    """Bias correction decided by measurement: auto, in INT8 (its shift is INT8's rounding error)."""
+    return cfg.bias_correction is None and cfg.precision == "int8"
+
+
+def _measured(cfg: QuantizeConfig, calib, data, loaded: io.Loaded) -> bool:
+    """Whether the run measures its written model to decide (bias correction auto, fragile heads
+    of a model with several outputs, the SQNR floor): real data, and one of them asked for."""
+    if data is None or not is_real(calib) or cfg.high_precision == "bf16":   # onnxruntime's CPU has no BF16
+        return False
+    return _auto_bias(cfg) or (cfg.fragile_heads and len(loaded.graph.outputs) > 1) or cfg.sqnr_floor is not None
+
+
+def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
+              report: InsertReport, progress=None, floated: tuple = ()):
+    """The measured decisions, each on the model as it will be written, against float on the first
+    FIDELITY_SAMPLES calibration samples (at least --sensitivity-samples, the sweep's): bias
+    correction (auto) kept where it raises the output SQNR; the head of a fragile output kept float;
+    below --sqnr-floor, the FLOP-aware fallback. Returns (plan, amax, means)."""
+    ref = fidelity.reference(loaded, data, max(cfg.sensitivity_samples, FIDELITY_SAMPLES),
+                             list(cfg.providers) if cfg.providers else None)
+    per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
+    flops = fidelity.node_flops(loaded.graph)
+    total = sum(flops.values())
+    start = time.perf_counter()
+    extra: list[tuple[str, str]] = []
+    ranges: dict = {}               # the float islands' ranges, measured for the first written model
+
+    def written(float_nodes: list) -> tuple[Plan, dict, fidelity.Fidelity]:
+        p = plan_for(loaded, cfg, floated + tuple(float_nodes)) if float_nodes else plan
+        a = ranges_from_cache(p, per_tensor)[0] if float_nodes else amax
+        model = _written_model(loaded, p, a, means, cfg, data, ranges)
+        try:
+            fid = fidelity.fidelity_of(model, ref)
+        except (QdqError, RuntimeError):    # a model onnxruntime cannot run here (a kernel it lacks)
+            return p, a, fidelity.Fidelity(float("nan"))
+        del model
+        return p, a, fid
+
+    _, _, current = written([])
+    if np.isnan(current.overall_db):
+        report.fidelity = {"skipped": "the written model cannot run in onnxruntime here"}
+        return plan, amax, means
+    out: dict = {"samples": ref.samples, "first": current.to_dict()}
+    if _auto_bias(cfg) and means:
+        kept = dict(means)
+        means = None
+        _, _, without = written([])
+        if current.overall_db > without.overall_db:
+            means = kept
+        out["bias_correction"] = {"kept": means is not None, "with_db": _r(current.overall_db),
+                                  "without_db": _r(without.overall_db)}
+        if means is None:
+            current = without
+    if cfg.fragile_heads and len(current.per_output) > 1:
+        floor = cfg.sqnr_floor if cfg.sqnr_floor is not None else DEFAULT_SQNR_FLOOR
+        heads = []
+        for name in fidelity.fragile_outputs(current, floor):
+            units, share = fidelity.head_units(loaded.graph, plan, name, flops, total)
+            units = [u for u in units if u not in {n for n, _ in extra}]
+            if not units:
+                continue
+            why = f"fragile head: output '{name}' kept float"
+            _, _, trial = written(extra + [(u, why) for u in units])
+            before, after = current.per_output[name], trial.per_output.get(name, float("nan"))
+            entry = {"output": name, "nodes": units, "flops_share": round(share, 6), "before_db": _r(before),
+                     "after_db": _r(after), "kept": bool(after >= before + HEAD_MIN_GAIN_DB)}
+            heads.append(entry)
+            if entry["kept"]:
+                extra += [(u, why) for u in units]
+                current = trial
+        out["heads"] = heads
+    if cfg.sqnr_floor is not None and current.overall_db < cfg.sqnr_floor:
+        floor_plan = plan_for(loaded, cfg, floated + tuple(extra)) if extra else plan
+        out["floor"], floored = _floor(loaded, floor_plan, per_tensor, means, data, cfg, flops, current, progress,
+                                       extra, written)
+        if out["floor"]["kept"]:
+            why = f"--sqnr-floor {cfg.sqnr_floor:g}: returned to float (most output SQNR per FLOP)"
+            extra += [(u, why) for u in out["floor"]["nodes"]]
+            current = floored
+    out["final"] = current.to_dict()
+    out["float_nodes"] = [n for n, _ in extra]
+    out["seconds"] = round(time.perf_counter() - start, 2)
+    report.fidelity = out
+    if extra:
+        plan = plan_for(loaded, cfg, floated + tuple(extra))
+        amax = ranges_from_cache(plan, per_tensor)[0]
+    return plan, amax, means
+
+
+# The written models are compared on more samples than the sweep ranks on: chosen on 8, a float
+# fallback on ddddocr_ocr raised their SQNR 24.9 -> 27.6 dB and lowered 16 held-out samples' 24.8 ->
+# 21.4 dB; bias correction likewise lost 6.8 dB on the first 8 samples and won 0.6 dB held out.
+FIDELITY_SAMPLES = 32
+HEAD_MIN_GAIN_DB = 1.0     # a fragile head stays float when that raises its output's SQNR this much
+
+
+def _r(db: float):
+    return round(db, 2) if np.isfinite(db) else str(db)
+
+
+def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: CalibrationData, cfg: QuantizeConfig,
+           flops: dict, current: fidelity.Fidelity, progress, extra: list,
+           written) -> tuple[dict, fidelity.Fidelity]:
+    """Below --sqnr-floor: the sensitivity sweep on `plan` (the run's, with `extra` float), then the
+    units with the most dB per FLOP back to float while at least --floor-int8-flops of the FLOPs
+    stay quantized, checked on the written model and kept only when that is better. Returns (what
+    was done, for the report; the written model's Fidelity with it)."""
+    fmt = cfg.format
+    assert cfg.sqnr_floor is not None and fmt is not None, "a floor of INT8 or FP8 runs"
+    total = sum(flops.values())
+    share = quantized_share(plan, flops)
+    allowed = max(0.0, share - cfg.floor_int8_flops / 100) * total
+    out: dict = {"floor_db": cfg.sqnr_floor, "before_db": _r(current.overall_db), "int8_share_before": round(share, 4),
+                 "min_int8_share": cfg.floor_int8_flops / 100, "nodes": [], "kept": False}
+    # only the weighted nodes that fit the budget are swept (the others stay as planned): fewer runs
+    candidates = {n for n, f in flops.items() if f <= allowed and (d := plan.decisions.get(n)) is not None
+                  and d.quantized}
+    if not candidates:
+        out.update(sweep_seconds=0.0, units_measured=0,
+                   why=f"no quantized Conv/Gemm/MatMul fits the budget ({100 * share:.1f}% of the FLOPs "
+                       f"quantized, at least {cfg.floor_int8_flops:g}% to keep)")
+        return out, current
+    amax = ranges_from_cache(plan, per_tensor)[0]
+    trial = loaded.graph.copy()
+    if means is not None:
+        correct_biases(trial, plan, means)
+    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=fmt)
+    sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
+                             cfg.sensitivity_samples, progress=progress, ray=cfg.ray, reference=loaded,
+                             only=candidates, float_only=True)
+    del trial
+    units, sweep_db, spent = fidelity.floor_units(sens, evaluate, cfg.sqnr_floor, flops, allowed)
+    del evaluate
+    out.update(sweep_seconds=round(sens.seconds, 2), sweep_db=_r(sweep_db), units_measured=len(sens.units))
+    why = f"--sqnr-floor {cfg.sqnr_floor:g}: returned to float"
+    # the sweep's estimate misses what planning again does (P14, fusions): while the written model
+    # is below the floor, the next units of the ranking join, each checked on the written model
+    queue = [u for u in fidelity.floor_ranked(sens, flops) if u not in units]
+    best, best_units, checks = current, [], 0
+    while checks < FLOOR_CHECKS:
+        if units:
+            _, _, after = written(extra + [(u, why) for u in units])
+            checks += 1
+            if after.overall_db > best.overall_db:
+                best, best_units = after, list(units)
+            if after.overall_db >= cfg.sqnr_floor:
+                break
+        nxt = next((u for u in queue if spent + flops[u] <= allowed), None)
+        if nxt is None:
+            break
+        queue.remove(nxt)
+        units.append(nxt)
+        spent += flops[nxt]
+    out.update(nodes=best_units, flops_share=round(sum(flops[u] for u in best_units) / total, 6) if total else 0.0,
+               after_db=_r(best.overall_db), kept=bool(best_units), written_checks=checks)
+    return out, best
+
+
+FLOOR_CHECKS = 6           # written models the floor builds and measures at most
+
+
+def _written_model(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig,
+                   data: CalibrationData, range_cache: dict | None = None) -> proto.ModelProto:
+    """The model quantize() writes for `plan`, inserted and deployed as the run does, on a copy
+    (the float islands' ranges from `range_cache` where it has them: see _deploy)."""
+    copy = io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version, fixed_inputs=loaded.fixed_inputs)
+    if means is not None:
+        correct_biases(copy.graph, plan, means)
+    fmt = cfg.format
+    assert fmt is not None, "INT4 runs take their own pipeline"
+    inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt)
+    model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport(), range_cache)
+    return model
+
+
 def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig, data: CalibrationData,
                 sens) -> float:
     """The output SQNR of the model quantize() writes for `plan` (inserted and deployed as the run
@@ -470,10 +663,13 @@ def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeC
 
 
 def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: CalibrationData | None,
-            report: InsertReport) -> tuple[proto.ModelProto, io.Loaded]:
+            report: InsertReport, range_cache: dict | None = None) -> tuple[proto.ModelProto, io.Loaded]:
     """The written model: float islands in cfg.high_precision (opset raised to 19 for their
-    scales, 22 for BF16 convolutions and poolings), checked. With `data`, ops whose outputs reach passes.precision.RANGE_LIMIT on a few
-    samples stay float32. Returns the model and the graph it was exported from."""
+    scales, 22 for BF16 convolutions and poolings), checked. With `data`, ops whose outputs reach
+    passes.precision.RANGE_LIMIT on a few samples stay float32. `range_cache`: the ranges measured for
+    an earlier plan of the same model reused when it holds them, kept in it when empty (the fidelity
+    checks build several written models, and the ranges are a third of a large detector's insert
+    time). Returns the model and the graph it was exported from."""
     report.add([bias_to_add(loaded.graph)])        # every onnxruntime session then computes what TensorRT does
     if cfg.high_precision == "fp32":
         with report.stage("insert"):
@@ -481,8 +677,12 @@ def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: Cali
             _check(model, "quantized")
         return model, loaded
     with report.stage("island ranges"):             # a run on calibration samples (rule H5)
-        if data is not None:
+        if range_cache:
+            ranges = range_cache
+        elif data is not None:
             ranges = measure_ranges(loaded, data, providers=list(cfg.providers) if cfg.providers else None)
+            if range_cache is not None:
+                range_cache.update(ranges)
         else:
             ranges = {}
             report.warnings.append(f"no calibration data: {cfg.high_precision} islands were made without "

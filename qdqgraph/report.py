@@ -74,6 +74,7 @@ class InsertReport(RunLog):
     notes: list[str] = field(default_factory=list)            # why little or nothing was quantized
     fallback: dict | None = None
     attention: dict | None = None     # --int8-attention: what was measured and decided
+    fidelity: dict | None = None      # measured decisions: bias correction (auto), fragile heads, --sqnr-floor
     int4: dict | None = None          # --precision int4: weights, bytes before and after
     tensorrt: dict | None = None      # the simulator's summary of the written model
 
@@ -140,7 +141,7 @@ class InsertReport(RunLog):
             (0, [f"repaired: {r}" for r in self.repairs]), (5, self._opset_lines(precision)),
             (40, self._calibration_lines()), (45, self._placement_lines()), (65, self._attention_lines(ctx)),
             (80, self._op_lines(ctx)), (100, self._prediction_lines(ctx)), (110, self._fallback_lines(ctx)),
-            (120, [f"note: {n}" for n in self.notes])]
+            (115, _fidelity_lines(self.fidelity, ctx.label)), (120, [f"note: {n}" for n in self.notes])]
         sections += self._pass_sections(ctx)
         lines = [line for _, part in sorted(sections, key=lambda s: s[0]) for line in part]
         lines += [f"warning: {w}" for w in (dict.fromkeys(self.warnings) if warnings else ())]
@@ -249,6 +250,42 @@ class InsertReport(RunLog):
             gain = next(r["gain_db"] for r in fb["ranking"] if r["node"] == n)
             lines.append(f"  float: {n} (+{gain:.1f} dB alone)")
         return lines
+
+
+def _db(v) -> str:
+    return f"{v:.1f} dB" if isinstance(v, (int, float)) else f"{v} dB"
+
+
+def _fidelity_lines(f: dict | None, q: str) -> list[str]:
+    """What the measured decisions did (bias correction auto, fragile heads, --sqnr-floor)."""
+    if not f or "first" not in f:
+        return []
+    lines = [f"output SQNR on {f['samples']} calibration samples: {_db(f['first']['overall_db'])}"
+             + (f" -> {_db(f['final']['overall_db'])}" if f["final"]["overall_db"] != f["first"]["overall_db"] else "")
+             + f" ({f['seconds']:.1f} s measuring)"]
+    b = f.get("bias_correction")
+    if b:
+        lines.append(f"  bias correction {'kept' if b['kept'] else 'dropped'}: {_db(b['with_db'])} with it, "
+                     f"{_db(b['without_db'])} without")
+    for h in f.get("heads", []):
+        if h["kept"]:
+            lines.append(f"  kept float: the head of output '{h['output']}' (SQNR {_db(h['before_db'])} -> "
+                         f"{_db(h['after_db'])}, {_pct(h['flops_share'])} of FLOPs, {len(h['nodes'])} node(s))")
+        else:
+            lines.append(f"  output '{h['output']}' is fragile ({_db(h['before_db'])}); keeping its head float "
+                         f"gave {_db(h['after_db'])}, so it stays {q}")
+    fl = f.get("floor")
+    if fl:
+        if fl["kept"]:
+            lines.append(f"  --sqnr-floor {fl['floor_db']:g}: {len(fl['nodes'])} node(s) back to float, most dB per "
+                         f"FLOP first: {_db(fl['before_db'])} -> {_db(fl['after_db'])}, {_pct(fl['flops_share'])} of "
+                         f"FLOPs ({q} share kept >= {100 * fl['min_int8_share']:g}%; sweep {fl['sweep_seconds']:.1f} s)")
+        else:
+            lines.append(f"  --sqnr-floor {fl['floor_db']:g}: {_db(fl['before_db'])} is below it, and "
+                         + (fl["why"] if fl.get("why") else
+                            f"no node within the FLOPs budget ({q} share kept >= {100 * fl['min_int8_share']:g}%) "
+                            f"raised it (sweep {fl['sweep_seconds']:.1f} s)"))
+    return lines
 
 
 def _pct(share: float) -> str:

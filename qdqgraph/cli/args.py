@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 
 from ..calib.methods import METHODS
-from ..config import (ATTENTION_MAX_LOSS_DB, ATTENTION_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_METHODS,
+from ..config import (ATTENTION_MAX_LOSS_DB, ATTENTION_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_FLOOR_INT8_FLOPS,
+                      DEFAULT_METHODS, DEFAULT_SQNR_FLOOR, EQUALIZE_MODES,
                       DEFAULT_PERCENTILE, DEFAULT_SENSITIVITY_SAMPLES, DEFAULT_SMOOTH_ALPHA, INT4_METHODS,
                       QuantizeConfig)
 from ..execution.distributed import LOCAL as RAY_LOCAL
@@ -184,14 +185,29 @@ def config(args, **extra) -> QuantizeConfig:
                  custom_op_libraries=tuple(args.custom_op_library), rules=tuple(args.rules),
                  exclude_ops=tuple(args.exclude_op), exclude_nodes=tuple(args.exclude_node),
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
-    for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
-                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8", "target", "gpu"):
+    for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "smooth_quant", "accuracy_budget",
+                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8", "target", "gpu",
+                 "equalize", "sqnr_floor", "floor_int8_flops"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
     if hasattr(args, "output_aware"):
         found["output_aware"] = {"auto": None, "on": True, "off": False}[args.output_aware]
+    if hasattr(args, "bias_correction"):
+        found["bias_correction"] = {"auto": None, "on": True, "off": False}[args.bias_correction]
+    if hasattr(args, "fragile_heads"):
+        found["fragile_heads"] = args.fragile_heads == "on"
     found.update(extra)
     return QuantizeConfig(**found)
+
+
+def floor_db(text: str) -> float | None:
+    """--sqnr-floor: a number of dB, or off."""
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an output SQNR in dB or 'off', got {text!r}") from None
 
 
 def at_least(value, name: str, minimum: int) -> None:
@@ -202,4 +218,5 @@ def at_least(value, name: str, minimum: int) -> None:
 __all__ = ["Formatter", "Parser", "UsageError", "add_calibration", "add_placement", "add_runtime", "add_shapes",
            "add_engine", "add_output", "add_target", "config", "providers", "check_providers", "fixed_inputs", "at_least",
            "WEIGHT_FORMATS", "HIGH_PRECISIONS", "PRECISIONS", "DEFAULT_BLOCK_SIZE", "INT4_METHODS", "DEFAULT_SMOOTH_ALPHA", "DEFAULT_SENSITIVITY_SAMPLES",
-           "ATTENTION_MODES", "ATTENTION_MAX_LOSS_DB"]
+           "ATTENTION_MODES", "ATTENTION_MAX_LOSS_DB", "EQUALIZE_MODES", "DEFAULT_SQNR_FLOOR", "DEFAULT_FLOOR_INT8_FLOPS",
+           "floor_db"]

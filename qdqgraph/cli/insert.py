@@ -62,8 +62,19 @@ def add(sub) -> None:
     g.add_argument("--smooth-quant", type=float, nargs="?", const=a.DEFAULT_SMOOTH_ALPHA, metavar="ALPHA",
                    help=f"migrate activation outliers of quantized MatMul/Gemm inputs into their weights "
                         f"(SmoothQuant; ALPHA in [0, 1], {a.DEFAULT_SMOOTH_ALPHA} when omitted)")
-    g.add_argument("--bias-correction", action="store_true",
-                   help="fold the mean output shift of INT8 weights into the biases (measured on --calib)")
+    g.add_argument("--bias-correction", nargs="?", const="on", default="off", choices=["auto", "on", "off"],
+                   help="fold the mean output shift of INT8 weights into the biases (measured on --calib); "
+                        "auto: kept where it raises the written model's output SQNR on the first 32 calibration "
+                        "samples (alone: on)")
+    g.add_argument("--equalize", choices=list(a.EQUALIZE_MODES), default="off",
+                   help="cross-layer equalization of Conv -> [Relu] -> Conv pairs (depthwise-separable blocks), "
+                        "folded into the weights: on scales each pair fully (by the measured ranges of the tensor "
+                        "between the convs with --calib, else by the weights); auto scales a pair as far as an "
+                        "estimate of its rounding noise says it gains (needs --calib). Off by default: it helps "
+                        "constructed pairs and cost silero_vad_op15 10 dB (docs/ACCURACY.md)")
+    g.add_argument("--fragile-heads", choices=["on", "off"], default="on",
+                   help="keep float the last layers of an output whose own SQNR is far below the others' (a "
+                        "regression head beside a classifier), where they cost at most 2%% of the FLOPs")
     g.add_argument("--output-aware", choices=["auto", "on", "off"], default="auto",
                    help="choose each MatMul/Gemm input's range and smoothing by the error in the layer's output "
                         "(auto: on for transformers: a LayerNorm or an attention block, with --calib data)")
@@ -75,6 +86,12 @@ def add(sub) -> None:
                    help="return the most sensitive nodes to float until the output SQNR against float reaches "
                         "this many dB (measured on --sensitivity-samples calibration samples)")
     g.add_argument("--max-float-layers", type=int, metavar="K", help="at most K nodes returned to float")
+    g.add_argument("--sqnr-floor", type=a.floor_db, default=None, metavar="DB|off",
+                   help=f"without --accuracy-budget: when the output SQNR on the first 32 calibration samples is "
+                        f"below DB (e.g. {a.DEFAULT_SQNR_FLOOR:g}), return Conv/Gemm/MatMul nodes to float, most dB "
+                        f"per FLOP first, within --floor-int8-flops (default off: docs/ACCURACY.md)")
+    g.add_argument("--floor-int8-flops", type=float, default=a.DEFAULT_FLOOR_INT8_FLOPS, metavar="PCT",
+                   help="the --sqnr-floor fallback keeps at least PCT%% of the weighted FLOPs quantized")
     g.add_argument("--sensitivity-samples", type=int, default=a.DEFAULT_SENSITIVITY_SAMPLES, metavar="N",
                    help="samples the sensitivity analysis runs on")
     g.add_argument("--verify", type=int, default=8, metavar="N",

@@ -175,9 +175,11 @@ def _counts(model: proto.ModelProto) -> tuple[int, int]:
 
 def branch_config(cfg: QuantizeConfig) -> QuantizeConfig:
     """What a branch is quantized with: the run's choices, in float32 (rule H3), without the
-    choices that belong to the whole model (fixed inputs, --require-int8, the accuracy budget)."""
+    choices that belong to the whole model (fixed inputs, --require-int8, the accuracy budget, the
+    decisions measured on the model's outputs: bias correction auto, fragile heads, the SQNR floor)."""
     return dataclasses.replace(cfg, high_precision="fp32", fixed_inputs=(), require_int8=None,
-                               accuracy_budget=None, max_float_layers=None, samples=None)
+                               accuracy_budget=None, max_float_layers=None, samples=None,
+                               bias_correction=bool(cfg.bias_correction), fragile_heads=False, sqnr_floor=None)
 
 
 def quantize_branches(loaded: io.Loaded, data: CalibrationData | None, cfg: QuantizeConfig,

@@ -189,32 +189,36 @@ def _flat(results) -> list[np.ndarray]:
 
 
 def _unit_sqnrs(switch: _Switch, ref: list[np.ndarray], units: set[str], part: list[str],
-                progress=None) -> list[tuple[float, float]]:
-    """(output SQNR with only the unit INT8, with only the unit float) for each unit of `part`."""
+                progress=None, float_only: bool = False) -> list[tuple[float, float]]:
+    """(output SQNR with only the unit INT8, with only the unit float) for each unit of `part`;
+    `float_only`: the first is not measured (NaN), half the runs."""
     out = []
     for u in part:
-        out.append((_sqnr(ref, switch.outputs({u})), _sqnr(ref, switch.outputs(units - {u}))))
+        only_q = float("nan") if float_only else _sqnr(ref, switch.outputs({u}))
+        out.append((only_q, _sqnr(ref, switch.outputs(units - {u}))))
         step(progress)
     return out
 
 
-def _unit_part(model, weights, flags, outs, batches, ref, units, part, progress=None) -> tuple[list, int]:
+def _unit_part(model, weights, flags, outs, batches, ref, units, part, float_only: bool = False,
+               progress=None) -> tuple[list, int]:
     """In a Ray task: `_unit_sqnrs` of the units of `part` on a session of its own (one thread per
     CPU the task has). Returns (SQNR pairs, runs)."""
     switch = _Switch(model, weights, flags, outs, batches, threads=distributed.TASK_CPUS)
-    return _unit_sqnrs(switch, ref, units, part, progress), switch.runs
+    return _unit_sqnrs(switch, ref, units, part, progress, float_only), switch.runs
 
 
 def measure(quant_model: proto.ModelProto | io.Loaded, plan: Plan, data: CalibrationData, samples: int = 8,
             stop_above_db: float | None = None, progress=None, only: set[str] | None = None,
-            reference: io.Loaded | None = None, ray: str | None = None) -> tuple:
+            reference: io.Loaded | None = None, ray: str | None = None, float_only: bool = False) -> tuple:
     """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float.
     `quant_model`: the Q/DQ model insert_qdq made for `plan` (a ModelProto, or its graph as a
     Loaded). With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it.
     `only`: the units that can be switched (and measured); the rest stay INT8, so the float outputs
     to compare against come from `reference`, the float graph (needed with `only`); with it, a
     unit's float weights are the reference's, so the SQNR is against float, weights included. `ray`: a Ray
-    address (or "local") to measure the units on, split among its task slots."""
+    address (or "local") to measure the units on, split among its task slots. `float_only`: only
+    the gain of each unit left float is measured (its only_quantized_db is NaN): half the runs."""
     if only is not None and reference is None:
         raise ValueError("measure(only=...) needs the float graph as reference")
     start = time.perf_counter()
@@ -252,12 +256,13 @@ def measure(quant_model: proto.ModelProto | io.Loaded, plan: Plan, data: Calibra
     runs = 0
     if ray and order:
         shared = (model, weights, flags, outs, batches, ref, units)
-        parts = distributed.run(ray, _unit_part, shared, lambda slots: [(p,) for p in distributed.split(order, slots)],
+        parts = distributed.run(ray, _unit_part, shared,
+                                lambda slots: [(p, float_only) for p in distributed.split(order, slots)],
                                 progress, what="sensitivity part")
         pairs = [pair for got, _ in parts for pair in got]
         runs = sum(n for _, n in parts)
     else:
-        pairs = _unit_sqnrs(switch, ref, units, order, progress)
+        pairs = _unit_sqnrs(switch, ref, units, order, progress, float_only)
     for u, (only_q, only_f) in zip(order, pairs):
         d = plan.decisions[u]
         report.units.append(UnitSensitivity(u, d.op, d.rule or "", only_q, only_f, only_f - all_db))
