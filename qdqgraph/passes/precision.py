@@ -228,15 +228,29 @@ class _Retyper:
     # ------------------------------------------------------------------ rewriting
 
     def run(self) -> _Tally:
-        g = self.graph
-        graph_inputs = {t.name for t in g.inputs}
+        """Retype: what each node produces, the Casts its consumers need, then the outputs' types."""
+        produced = self._produced()
+        self._cast_inputs(produced)
+        self._retype_outputs(produced)
+        for k, t in enumerate(list(self.graph.outputs)):
+            if produced.get(t.name) == self.island:
+                self.graph.outputs[k] = self._output_cast(t)
+        return self.result
+
+    def _produced(self) -> dict[str, np.dtype]:
+        """The type each float32 tensor will have: the island type, or float32 out of a kept node."""
         produced: dict[str, np.dtype] = {}
-        for node in g.nodes:
+        for node in self.graph.nodes:
             island_node = node.name not in self.keep
             for o in node.outputs:
                 if o.name and self._is_f32(o):
                     produced[o.name] = self.island if island_node else F32
-        for node in list(g.nodes):
+        return produced
+
+    def _cast_inputs(self, produced: dict[str, np.dtype]) -> None:
+        """Each input slot gets the type its node requires: constants retyped, tensors Cast."""
+        graph_inputs = {t.name for t in self.graph.inputs}
+        for node in list(self.graph.nodes):
             for slot, t in enumerate(node.inputs):
                 if not t.name:
                     continue
@@ -245,14 +259,15 @@ class _Retyper:
                         self._retype_constant(node, slot, t)
                     continue
                 have = produced.get(t.name, F32 if t.name in graph_inputs and self._is_f32(t) else None)
-                if have is None:
-                    continue
-                if self.vocab.is_(node, "shape_of"):
-                    continue                # reads the shape only: a Cast would be a float consumer for nothing
+                if have is None or self.vocab.is_(node, "shape_of"):
+                    continue                # Shape reads the shape only: a Cast would be a float consumer for nothing
                 want = self.required(node, slot)
                 if want != have:
                     node.inputs[slot] = self._cast(t, want)
-        for node in g.nodes:
+
+    def _retype_outputs(self, produced: dict[str, np.dtype]) -> None:
+        """The island nodes' outputs, float Casts and Constants in the island type."""
+        for node in self.graph.nodes:
             if node.name in self.keep or node.name in self.own:
                 continue
             if self.vocab.is_(node, "cast") and node.attrs.get("to") == proto.FLOAT:
@@ -265,10 +280,6 @@ class _Retyper:
                 if produced.get(o.name) == self.island:
                     o.dtype = self.island
                     self.result.retyped += 1
-        for k, t in enumerate(list(g.outputs)):
-            if produced.get(t.name) == self.island:
-                g.outputs[k] = self._output_cast(t)
-        return self.result
 
     def _retype_constant(self, node: gs.Node, slot: int, t: gs.Constant) -> None:
         want = self.required(node, slot)
