@@ -35,6 +35,7 @@ INT4_METHODS = ("rtn", "awq")
 DEFAULT_SMOOTH_ALPHA = 0.5
 DEFAULT_SENSITIVITY_SAMPLES = 8
 ATTENTION_MODES = ("auto", "on", "off")
+LEARNED_ROUNDING_MODES = ("auto", "on", "off")
 ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 while it costs at most this
                                # much output SQNR, measured against the same plan with attention float
 
@@ -127,6 +128,9 @@ class QuantizeConfig:
                                                # their output error; None: on for transformers
     int8_attention: str = "auto"               # on | off | auto: INT8 where it costs at most
                                                # ATTENTION_MAX_LOSS_DB of output SQNR (measured)
+    learned_rounding: str = "auto"             # on | off | auto: INT8 weight rounding learned per layer on
+                                               # the data (AdaRound, qdqgraph.passes.learned_rounding);
+                                               # auto: on where PyTorch is installed
     # accuracy
     accuracy_budget: float | None = None       # minimum output SQNR (dB) against float
     max_float_layers: int | None = None
@@ -186,6 +190,7 @@ class QuantizeConfig:
                            "pass one of them (--output-aware on picks the strength per layer)")
         if self.int8_attention not in ATTENTION_MODES:
             raise QdqError(f"unknown --int8-attention {self.int8_attention!r}", f"use one of {', '.join(ATTENTION_MODES)}")
+        self._check_learned_rounding()
         if self.smooth_quant is not None:
             _number("--smooth-quant", self.smooth_quant, 0.0, 1.0,
                     fix=f"pass an alpha in [0, 1] (default {DEFAULT_SMOOTH_ALPHA})")
@@ -210,6 +215,21 @@ class QuantizeConfig:
         names = [n for n, _ in self.fixed_inputs]
         if len(set(names)) != len(names):
             raise QdqError(f"--fix-input names an input twice ({', '.join(sorted(names))})", "give each input once")
+
+    def _check_learned_rounding(self) -> None:
+        if self.learned_rounding not in LEARNED_ROUNDING_MODES:
+            raise QdqError(f"unknown --learned-rounding {self.learned_rounding!r}",
+                           f"use one of {', '.join(LEARNED_ROUNDING_MODES)}")
+        if self.learned_rounding != "on":
+            return
+        if self.precision != "int8":
+            raise QdqError(f"--learned-rounding on learns INT8 weights; it does not apply to --precision {self.precision}",
+                           "drop --learned-rounding, or use --precision int8")
+        if self.weights != "int8":
+            raise QdqError("--learned-rounding on writes the learned INT8 weights, and --weights qdq writes float "
+                           "weights that the engine rounds to nearest", "drop --weights qdq, or --learned-rounding")
+        from .passes.learned_rounding import require_torch
+        require_torch()
 
     # ------------------------------------------------------------------ views
 

@@ -32,7 +32,7 @@ from .passes.insert import insert_qdq
 from .passes.int4_weights import int4_targets, quantize_int4_weights
 from .passes.precision import MIN_OPSET as PRECISION_OPSET
 from .passes.precision import lower_float_islands, measure_ranges
-from .passes import output_aware
+from .passes import learned_rounding, output_aware
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
 from .placement.refine import NO_INT8
@@ -107,6 +107,9 @@ def _require_data(cfg: QuantizeConfig, calib, calib_cache) -> None:
         raise QdqError("bias correction needs calibration data", "pass --calib DATA.npz")
     if cfg.smooth_quant is not None and not real:
         raise QdqError("--smooth-quant needs calibration data to measure channel ranges", "pass --calib DATA.npz")
+    if cfg.learned_rounding == "on" and not real:
+        raise QdqError("--learned-rounding on learns from calibration data, and none was given",
+                       "pass --calib DATA.npz, or drop --learned-rounding")
 
 
 def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_cache=None, progress=None,
@@ -185,6 +188,11 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
                 per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
                 plan = plan_for(loaded, cfg, floated)
                 amax, _ = ranges_from_cache(plan, per_tensor)
+    known: dict | None = None
+    if _learns_rounding(cfg, calib):
+        with report.stage("learned rounding"):
+            known = _learn_rounding(loaded, plan, amax, data, report, progress)
+            _free_if_large(loaded)
     means = None
     if cfg.bias_correction:
         with report.stage("bias correction"):
@@ -192,12 +200,12 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     inserted = None
     if cfg.fallback and plan.activation_sites():
         with report.stage("sensitivity"):
-            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated)
+            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated, known)
     with report.stage("insert"):
         if inserted is None:
             if means is not None:
-                report.add([correct_biases(loaded.graph, plan, means)])
-            inserted = insert_qdq(loaded.graph, plan, amax, weights=cfg.weights, fmt=cfg.format)
+                report.add([correct_biases(loaded.graph, plan, means, known)])
+            inserted = insert_qdq(loaded.graph, plan, amax, weights=cfg.weights, fmt=cfg.format, known=known)
         else:
             loaded.graph = inserted.graph
             report.add(inserted.passes)
@@ -304,6 +312,32 @@ def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, calib) -> 
     return any(view.vocab.is_(n, "matmul") and attention.of(g, n) is not None for n in view.nodes)
 
 
+def _learns_rounding(cfg: QuantizeConfig, calib) -> bool:
+    """Whether to learn the INT8 weights' rounding: as configured (`on` was checked when the config
+    was made), or, by default, with real data, INT8 weights stored as INT8, and PyTorch installed."""
+    if cfg.learned_rounding == "off" or cfg.precision != "int8" or cfg.weights != "int8" or not is_real(calib):
+        return False
+    return cfg.learned_rounding == "on" or learned_rounding.torch_or_none() is not None
+
+
+def _learn_rounding(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData, report: InsertReport,
+                    progress) -> dict | None:
+    """The learned INT8 weights ({weight tensor: Known}) for insertion, or None when there is none,
+    or when they do not raise the model's output SQNR on calibration samples (float32, against
+    float): then every weight is rounded to nearest, and the summary says so."""
+    known, details = learned_rounding.learn(loaded, plan, amax, data, progress)
+    if known:
+        before, after = learned_rounding.output_sqnr(loaded, plan, amax, data, [None, known])
+        details.update(sqnr_before_db=float(before), sqnr_after_db=float(after), check_samples=learned_rounding.CHECK_SAMPLES)
+        if not after > before:
+            details["dropped"] = "the learned rounding did not raise the output SQNR on the calibration samples"
+            details["learned"] = 0
+            known = {}
+    details["seconds"] = round(details["seconds"], 3)
+    report.add([learned_rounding.record(details)])
+    return known or None
+
+
 def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: bool, calib_cache,
             cfg: QuantizeConfig, report: InsertReport, progress) -> dict[str, float]:
     """amax per scale group: from the cache (and the data for what it lacks), or from the data."""
@@ -330,7 +364,7 @@ class _Inserted:
 
 
 def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
-              report: InsertReport, progress=None, floated: tuple = ()):
+              report: InsertReport, progress=None, floated: tuple = (), known: dict | None = None):
     """Measure each quantized unit's sensitivity on a Q/DQ copy of the graph, choose the units to
     return to float, and plan again without them, in memory. The figure reported is the output
     SQNR of the model as it will be written (planned again, float islands and all), measured on
@@ -338,8 +372,8 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     back to float too, within --max-float-layers. Returns (plan, amax, inserted): the trial copy
     stands as the inserted graph when nothing goes back to float."""
     trial = loaded.graph.copy()
-    bias = [correct_biases(trial, plan, means)] if means is not None else []
-    trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
+    bias = [correct_biases(trial, plan, means, known)] if means is not None else []
+    trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format, known=known)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, stop_above_db=cfg.accuracy_budget, progress=progress,
                              ray=cfg.ray, reference=loaded)
@@ -362,7 +396,7 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     while True:
         new_plan, new_amax = planned(chosen)
         try:
-            written_db = _written_db(loaded, new_plan, new_amax, means, cfg, data, sens)
+            written_db = _written_db(loaded, new_plan, new_amax, means, cfg, data, sens, known)
         except QdqError as e:               # a model onnxruntime cannot run here (bf16 islands on a CPU)
             written_db, why_not = None, e.problem
             break
@@ -401,15 +435,15 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
 
 
 def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig, data: CalibrationData,
-                sens) -> float:
+                sens, known: dict | None = None) -> float:
     """The output SQNR of the model quantize() writes for `plan` (inserted and deployed as the run
     does, on a copy), on the sensitivity samples against float."""
     copy = io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version, fixed_inputs=loaded.fixed_inputs)
     if means is not None:
-        correct_biases(copy.graph, plan, means)
+        correct_biases(copy.graph, plan, means, known)
     fmt = cfg.format
     assert fmt is not None, "INT4 runs take their own pipeline, without a fallback"
-    inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt)
+    inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt, known=known)
     model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport())
     del copy
     return output_sqnr(model, sens)

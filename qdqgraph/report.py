@@ -146,6 +146,11 @@ class InsertReport(RunLog):
         return p.details if p else None
 
     @property
+    def learned_rounding(self) -> dict | None:
+        p = self._last("learned_rounding")
+        return p.details if p else None
+
+    @property
     def bias_corrected(self) -> int:
         p = self._last("bias_correction")
         return p.count("corrected") if p else 0
@@ -166,7 +171,8 @@ class InsertReport(RunLog):
         out["stages"] = {k: round(v, 4) for k, v in self.stages.items()}
         out["profile"] = self.profile.to_dict()
         for name in ("no_ops_removed", "constants_folded", "ifs_inlined", "batchnorm_folded", "batchnorm_kept",
-                     "fixed_inputs", "smoothed", "bias_corrected", "precision", "output_aware", "int4"):
+                     "fixed_inputs", "smoothed", "bias_corrected", "precision", "output_aware", "int4",
+                     "learned_rounding"):
             out[name] = getattr(self, name)
         return out
 
@@ -226,6 +232,9 @@ class InsertReport(RunLog):
             else:
                 lines.append(f"attention: {a['gemms']} GEMMs {q if a['int8'] else 'float'} "
                              f"(--int8-attention {a['mode']}{'; ' + a['why'] if a.get('why') else ''})")
+        lr = self.learned_rounding
+        if lr:
+            lines.append(_learned_rounding_line(lr))
         if self.bias_corrected:
             lines.append(f"bias correction: {self.bias_corrected} biases absorb the weight-quantization shift")
         width = max([len(op) for op in self.ops] + [7])
@@ -310,3 +319,18 @@ def _jsonable(value):
     except ImportError:  # pragma: no cover
         pass
     return str(value)
+
+
+def _learned_rounding_line(lr: dict) -> str:
+    """The summary's line on learned rounding: layers, time, and the output SQNR it was judged by."""
+    layers = lr.get("layers", [])
+    better = sum(1 for x in layers if x["kept"])
+    head = (f"learned rounding: {better} of {lr['candidates']} INT8 weights beat nearest rounding on held-out rows "
+            f"({lr['rows']} rows a layer, {lr['samples']} samples), {lr['seconds']:.1f} s")
+    if "sqnr_before_db" not in lr:
+        return head + "; every weight rounded to nearest"
+    sqnr = (f"output SQNR on {lr['check_samples']} calibration samples {lr['sqnr_before_db']:.1f} -> "
+            f"{lr['sqnr_after_db']:.1f} dB")
+    if lr.get("dropped"):
+        return f"{head}; not written: {sqnr}, so every weight is rounded to nearest"
+    return f"{head}; {sqnr}"

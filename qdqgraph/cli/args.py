@@ -184,7 +184,7 @@ def config(args, **extra) -> QuantizeConfig:
                  exclude_ops=tuple(args.exclude_op), exclude_nodes=tuple(args.exclude_node),
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
     for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "bias_correction", "smooth_quant", "accuracy_budget",
-                 "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8", "target", "gpu"):
+                 "max_float_layers", "sensitivity_samples", "int8_attention", "learned_rounding", "ray", "require_int8", "target", "gpu"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
     if hasattr(args, "output_aware"):
