@@ -189,7 +189,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
                 plan = plan_for(loaded, cfg, floated)
                 amax, _ = ranges_from_cache(plan, per_tensor)
     known: dict | None = None
-    if _learns_rounding(cfg, calib):
+    if _learns_rounding(cfg, calib) and data is not None:
         with report.stage("learned rounding"):
             known = _learn_rounding(loaded, plan, amax, data, report, progress)
             _free_if_large(loaded)
