@@ -130,7 +130,8 @@ class QuantizeConfig:
                                                # ATTENTION_MAX_LOSS_DB of output SQNR (measured)
     learned_rounding: str = "auto"             # on | off | auto: INT8 weight rounding learned per layer on
                                                # the data (AdaRound, qdqgraph.passes.learned_rounding);
-                                               # auto: on where PyTorch is installed
+                                               # auto: where PyTorch is installed, on models small
+                                               # enough (learned_rounding.AUTO_WORK)
     # accuracy
     accuracy_budget: float | None = None       # minimum output SQNR (dB) against float
     max_float_layers: int | None = None

@@ -189,7 +189,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
                 plan = plan_for(loaded, cfg, floated)
                 amax, _ = ranges_from_cache(plan, per_tensor)
     known: dict | None = None
-    if _learns_rounding(cfg, calib) and data is not None:
+    if _learns_rounding(cfg, calib, loaded, plan, report) and data is not None:
         with report.stage("learned rounding"):
             known = _learn_rounding(loaded, plan, amax, data, report, progress)
             _free_if_large(loaded)
@@ -312,12 +312,23 @@ def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, calib) -> 
     return any(view.vocab.is_(n, "matmul") and attention.of(g, n) is not None for n in view.nodes)
 
 
-def _learns_rounding(cfg: QuantizeConfig, calib) -> bool:
+def _learns_rounding(cfg: QuantizeConfig, calib, loaded: io.Loaded, plan: Plan, report: InsertReport) -> bool:
     """Whether to learn the INT8 weights' rounding: as configured (`on` was checked when the config
-    was made), or, by default, with real data, INT8 weights stored as INT8, and PyTorch installed."""
+    was made), or, by default, with real data, INT8 weights stored as INT8, PyTorch installed, and
+    layers that take at most learned_rounding.AUTO_WORK to learn (measured: it pays its time on
+    small models, not on large ones; docs/ACCURACY.md); a larger model gets a note."""
     if cfg.learned_rounding == "off" or cfg.precision != "int8" or cfg.weights != "int8" or not is_real(calib):
         return False
-    return cfg.learned_rounding == "on" or learned_rounding.torch_or_none() is not None
+    if cfg.learned_rounding == "on":
+        return True
+    if learned_rounding.torch_or_none() is None:
+        return False
+    cost = learned_rounding.work(loaded.graph, plan)
+    if cost > learned_rounding.AUTO_WORK:
+        report.notes.append(f"learned rounding: not by default on a model this large ({cost:.1e} multiply-adds to "
+                            f"learn, over {learned_rounding.AUTO_WORK:.0e}); --learned-rounding on learns it")
+        return False
+    return cost > 0
 
 
 def _learn_rounding(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData, report: InsertReport,

@@ -116,6 +116,17 @@ def test_default_without_torch_rounds_to_nearest(monkeypatch):
     assert r.report.learned_rounding is None
 
 
+def test_default_learns_small_models_only(monkeypatch):
+    pytest.importorskip("torch")
+    from qdqgraph.passes import learned_rounding
+    data = smooth_images(16)
+    assert quantize(conv_model(), {"x": data}).report.learned_rounding is not None
+    monkeypatch.setattr(learned_rounding, "AUTO_WORK", 1.0)          # every model is "large"
+    r = quantize(conv_model(), {"x": data})
+    assert r.report.learned_rounding is None
+    assert any("--learned-rounding on" in n for n in r.report.notes)
+
+
 def test_on_without_torch_is_one_line_exit_2(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)
     mp, dp = tmp_path / "m.onnx", tmp_path / "c.npz"

@@ -67,6 +67,9 @@ GAMMA, ZETA = -0.1, 1.1   # the rectified sigmoid's stretch
 SMALL = 2e7               # a layer whose iteration costs fewer multiply-adds runs on one thread (the
                           # threads' start-up and spinning cost more than they save there)
 MEMORY = 256 << 20        # bytes of rows held at once: more layers take another pass over the data
+AUTO_WORK = 5e10          # --learned-rounding auto learns a model whose layers cost at most this many
+                          # multiply-adds in all (about a CPU-minute here; docs/ACCURACY.md: ResNet-18,
+                          # 2e11 of them, took 5 CPU-minutes for +1.0 dB output SQNR)
 CHECK_SAMPLES = 8         # samples the model's output SQNR (nearest vs learned) is measured on
 
 
@@ -94,9 +97,10 @@ class Target:
     input_amax: float | None    # the input's calibrated range (None: the input is not quantized)
 
 
-def targets(graph: gs.Graph, plan: Plan, amax: dict) -> list[Target]:
+def targets(graph: gs.Graph, plan: Plan, amax: dict, inputs: bool = True) -> list[Target]:
     """The weight sites pass can learn: one reader, a Conv (not transposed), a Gemm without transA
-    or a MatMul, reading the constant weight as its second input (2-D for Gemm and MatMul)."""
+    or a MatMul, reading the constant weight as its second input (2-D for Gemm and MatMul).
+    `inputs=False`: without the input ranges (`amax` not read)."""
     view = GraphView(graph)
     nodes = {n.name: n for n in graph.nodes}
     act = {edge: s for s in plan.activation_sites() for edge in s.edges}
@@ -120,7 +124,7 @@ def targets(graph: gs.Graph, plan: Plan, amax: dict) -> list[Target]:
             continue
         s = act.get((node.name, 0))
         a = None
-        if s is not None:
+        if s is not None and inputs:
             a = amax.get(s.group or s.tensor, amax.get(s.tensor))
             if a is None:
                 continue
@@ -276,6 +280,18 @@ def _learn_layer(torch, x: np.ndarray, xq: np.ndarray, w: np.ndarray, s: np.ndar
 
 
 # ---------------------------------------------------------------- the pass
+
+
+def work(graph: gs.Graph, plan: Plan) -> float:
+    """Multiply-adds the optimization of every target layer takes (each step's forward product)."""
+    view = GraphView(graph)
+    fit = int(ROWS * (1 - VALIDATION))
+    total = 0.0
+    for t in targets(graph, plan, {}, inputs=False):
+        size = view.constant(t.node.inputs[1]).size
+        steps, batch = _schedule(fit, size)
+        total += steps * batch * size
+    return total
 
 
 def _batches(loaded: io.Loaded, found: list[Target]) -> list[list[Target]]:
