@@ -338,10 +338,15 @@ def _learn_rounding(loaded: io.Loaded, plan: Plan, amax: dict, data: Calibration
     float): then every weight is rounded to nearest, and the summary says so."""
     known, details = learned_rounding.learn(loaded, plan, amax, data, progress)
     if known:
-        before, after = learned_rounding.output_sqnr(loaded, plan, amax, data, [None, known])
-        details.update(sqnr_before_db=float(before), sqnr_after_db=float(after), check_samples=learned_rounding.CHECK_SAMPLES)
-        if not after > before:
-            details["dropped"] = "the learned rounding did not raise the output SQNR on the calibration samples"
+        (before, each_before), (after, each_after) = learned_rounding.output_sqnr(loaded, plan, amax, data,
+                                                                                  [None, known])
+        details.update(sqnr_before_db=before, sqnr_after_db=after, outputs_before_db=each_before,
+                       outputs_after_db=each_after, check_samples=learned_rounding.CHECK_SAMPLES)
+        worse = [o.name for o, b, a in zip(loaded.graph.outputs, each_before, each_after)
+                 if a < b - learned_rounding.MAX_OUTPUT_LOSS_DB]
+        if not after > before or worse:
+            details["dropped"] = (f"output {worse[0]} loses more than {learned_rounding.MAX_OUTPUT_LOSS_DB:g} dB"
+                                  if worse else "the output SQNR did not rise")
             details["learned"] = 0
             known = {}
     details["seconds"] = round(details["seconds"], 3)

@@ -332,5 +332,5 @@ def _learned_rounding_line(lr: dict) -> str:
     sqnr = (f"output SQNR on {lr['check_samples']} calibration samples {lr['sqnr_before_db']:.1f} -> "
             f"{lr['sqnr_after_db']:.1f} dB")
     if lr.get("dropped"):
-        return f"{head}; not written: {sqnr}, so every weight is rounded to nearest"
+        return f"{head}; not written ({lr['dropped']}; {sqnr}), so every weight is rounded to nearest"
     return f"{head}; {sqnr}"

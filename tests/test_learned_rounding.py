@@ -156,3 +156,23 @@ def test_on_needs_real_data():
     pytest.importorskip("torch")
     with pytest.raises(QdqError, match="calibration data"):
         quantize(conv_model(), "random", learned_rounding="on")
+
+
+def test_not_written_where_an_output_loses(monkeypatch):
+    """The model-level check: a learned rounding that costs any output more than MAX_OUTPUT_LOSS_DB
+    is not written, even where the outputs together gain (a small output drowned by a large one)."""
+    pytest.importorskip("torch")
+    from qdqgraph.passes import learned_rounding
+    real = learned_rounding.output_sqnr
+
+    def one_output_worse(*args, **kwargs):
+        (b, each_b), (a, each_a) = real(*args, **kwargs)
+        return [(b, each_b), (b + 1.0, [x - 1.0 for x in each_b])]
+    monkeypatch.setattr(learned_rounding, "output_sqnr", one_output_worse)
+    data = smooth_images(16)
+    r = quantize(conv_model(), {"x": data}, learned_rounding="on", high_precision="fp32")
+    nearest = quantize(conv_model(), {"x": data}, learned_rounding="off", high_precision="fp32")
+    assert all(np.array_equal(_weights(r.model)[k], v) for k, v in _weights(nearest.model).items())
+    lr = r.report.learned_rounding
+    assert lr["learned"] == 0 and "output y loses more than" in lr["dropped"]
+    assert "not written (output y loses" in r.report.summary()

@@ -70,6 +70,7 @@ MEMORY = 256 << 20        # bytes of rows held at once: more layers take another
 AUTO_WORK = 5e10          # --learned-rounding auto learns a model whose layers cost at most this many
                           # multiply-adds in all (about a CPU-minute here; docs/ACCURACY.md: ResNet-18,
                           # 2e11 of them, took 5 CPU-minutes for +1.0 dB output SQNR)
+MAX_OUTPUT_LOSS_DB = 0.5  # the learned rounding is not written where any output loses more than this
 CHECK_SAMPLES = 8         # samples the model's output SQNR (nearest vs learned) is measured on
 
 
@@ -378,9 +379,10 @@ def learn(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData, prog
 
 
 def output_sqnr(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData, known_sets: list,
-                samples: int = CHECK_SAMPLES) -> list[float]:
-    """The output SQNR (dB, all outputs together) against float of the model inserted with each of
-    `known_sets` (None: nearest rounding), float32, on the first `samples` calibration samples."""
+                samples: int = CHECK_SAMPLES) -> list[tuple[float, list[float]]]:
+    """The output SQNR (dB) against float of the model inserted with each of `known_sets` (None:
+    nearest rounding), float32, on the first `samples` calibration samples: (all outputs together,
+    [each output's])."""
     feeds = []
     for k, feed in enumerate(data.batches(1)):
         if k >= samples:
@@ -390,6 +392,10 @@ def output_sqnr(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData
     ref_sess = graph_session(loaded, purpose="learned rounding check")
     ref = [ref_sess.run(outs, f) for f in feeds]
     del ref_sess
+
+    def db(sig: float, err: float) -> float:
+        return float(10 * np.log10(sig / err)) if err > 0 else float("inf")
+
     got = []
     for known in known_sets:
         trial = loaded.graph.copy()
@@ -397,10 +403,14 @@ def output_sqnr(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData
         sess = graph_session(io.Loaded(graph=trial, ir_version=loaded.ir_version), purpose="learned rounding check")
         q = [sess.run(outs, f) for f in feeds]
         del sess, trial
-        sig = sum(float(np.sum(np.asarray(r, dtype=np.float64) ** 2)) for rr in ref for r in rr)
-        err = sum(float(np.sum((np.asarray(r, dtype=np.float64) - np.asarray(g, dtype=np.float64)) ** 2))
-                  for rr, gg in zip(ref, q) for r, g in zip(rr, gg))
-        got.append(10 * np.log10(sig / err) if err > 0 else float("inf"))
+        sig = np.zeros(len(outs))
+        err = np.zeros(len(outs))
+        for rr, gg in zip(ref, q):
+            for i, (r, g) in enumerate(zip(rr, gg)):
+                r64, g64 = np.asarray(r, dtype=np.float64), np.asarray(g, dtype=np.float64)
+                sig[i] += float(np.sum(r64 ** 2))
+                err[i] += float(np.sum((r64 - g64) ** 2))
+        got.append((db(float(sig.sum()), float(err.sum())), [db(s_, e_) for s_, e_ in zip(sig, err)]))
     return got
 
 
