@@ -61,7 +61,7 @@ def add(sub) -> None:
                    help="learn each INT8 Conv/Gemm/MatMul weight's rounding (up or down per element) from its "
                         "layer's output error on --calib (AdaRound; same scales, only the INT8 values change); "
                         "needs PyTorch (pip install 'qdqgraph[learn]'); auto: where PyTorch is installed, on models "
-                        "whose layers take about a CPU-minute or less to learn")
+                        "whose layers take about 15 s or less to learn")
     g = p.add_argument_group("accuracy")
     g.add_argument("--accuracy-budget", type=float, metavar="SQNR_DB",
                    help="return the most sensitive nodes to float until the output SQNR against float reaches "

@@ -68,8 +68,8 @@ SMALL = 2e7               # a layer whose iteration costs fewer multiply-adds ru
                           # threads' start-up and spinning cost more than they save there)
 MEMORY = 256 << 20        # bytes of rows held at once: more layers take another pass over the data
 AUTO_WORK = 5e10          # --learned-rounding auto learns a model whose layers cost at most this many
-                          # multiply-adds in all (about a CPU-minute here; docs/ACCURACY.md: ResNet-18,
-                          # 2e11 of them, took 5 CPU-minutes for +1.0 dB output SQNR)
+                          # multiply-adds in all (about 15 s on an idle 2-core CPU; docs/ACCURACY.md:
+                          # ResNet-18, 3e11 of them, took 89 s for +1.0 dB output SQNR)
 MAX_OUTPUT_LOSS_DB = 0.5  # the learned rounding is not written where any output loses more than this
 CHECK_SAMPLES = 8         # samples the model's output SQNR (nearest vs learned) is measured on
 
