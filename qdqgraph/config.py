@@ -23,6 +23,7 @@ from .passes.precision import HIGH_PRECISIONS
 from .trtsim.estimate import gpu as known_gpu
 from .trtsim.rules import TARGETS
 from .placement.plan import Selection
+from .recipes.learned_rounding import require_torch
 
 # The calibration method of each precision (rules/precisions.toml, with why) and the percentile:
 # the best across the model zoo (docs/ACCURACY.md).
@@ -42,6 +43,7 @@ EQUALIZE_MODES = ("auto", "on", "off")
 # and what it costs are in docs/ACCURACY.md.
 DEFAULT_SQNR_FLOOR = 25.0
 DEFAULT_FLOOR_INT8_FLOPS = 90.0
+LEARNED_ROUNDING_MODES = ("auto", "on", "off")
 ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 while it costs at most this
                                # much output SQNR, measured against the same plan with attention float
 
@@ -153,6 +155,12 @@ class QuantizeConfig:
                                                # their output error; None: on for transformers
     int8_attention: str = "auto"               # on | off | auto: INT8 where it costs at most
                                                # ATTENTION_MAX_LOSS_DB of output SQNR (measured)
+    learned_rounding: str = "off"              # on | off | auto: INT8 weight rounding learned per layer on
+                                               # the data (AdaRound, qdqgraph.recipes.learned_rounding);
+                                               # auto: where PyTorch is installed, on models small
+                                               # enough (learned_rounding.AUTO_WORK). Off by default:
+                                               # measured, it gained on 4 of 5 models and cost silero's
+                                               # speech output 5 dB on held-out data (docs/ACCURACY.md)
     # accuracy
     accuracy_budget: float | None = None       # minimum output SQNR (dB) against float
     max_float_layers: int | None = None
@@ -261,6 +269,7 @@ class QuantizeConfig:
         if self.int8_attention not in ATTENTION_MODES:
             raise QdqError(f"unknown {option('int8_attention', self.int8_attention)}",
                            f"use one of {', '.join(ATTENTION_MODES)}")
+        self._check_learned_rounding()
         if self.smooth_quant is not None:
             _number("smooth_quant", self.smooth_quant, 0.0, 1.0,
                     fix=f"pass an alpha in [0, 1] (default {DEFAULT_SMOOTH_ALPHA})")
@@ -294,6 +303,23 @@ class QuantizeConfig:
         if len(set(names)) != len(names):
             raise QdqError(f"{option('fixed_inputs')} names an input twice ({', '.join(sorted(names))})",
                            "give each input once")
+
+    def _check_learned_rounding(self) -> None:
+        """--learned-rounding: a mode, INT8 weights only, PyTorch where it is asked for."""
+        if self.learned_rounding not in LEARNED_ROUNDING_MODES:
+            raise QdqError(f"unknown {option('learned_rounding', self.learned_rounding)}",
+                           f"use one of {', '.join(LEARNED_ROUNDING_MODES)}")
+        if self.learned_rounding != "on":
+            return
+        if self.precision != "int8":
+            raise QdqError(f"{option('learned_rounding', 'on')} learns INT8 weights; it does not apply to "
+                           f"{option('precision', self.precision)}",
+                           f"drop {option('learned_rounding')}, or use {option('precision', 'int8')}")
+        if self.weights != "int8":
+            raise QdqError(f"{option('learned_rounding', 'on')} writes the learned INT8 weights, and "
+                           f"{option('weights', 'qdq')} writes float weights that the engine rounds to nearest",
+                           f"drop {option('weights', 'qdq')}, or {option('learned_rounding')}")
+        require_torch()
 
     # ------------------------------------------------------------------ views
 

@@ -24,7 +24,7 @@ import onnx_graphsurgeon as gs
 
 from .placement import advice, load_ruleset
 from .graph import attention, branches, io, proto
-from .recipes import attention_guard, output_aware, fidelity
+from .recipes import attention_guard, output_aware, fidelity, learned_rounding
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
 from .config import QuantizeConfig, config_from, DEFAULT_SQNR_FLOOR
@@ -117,6 +117,8 @@ def _asked_data(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
     if cfg.output_aware:
         asked.append((option("output_aware", True), "chooses each MatMul/Gemm input's range by the error in the "
                       "layer's output on it", ""))
+    if cfg.learned_rounding == "on":
+        asked.append((option("learned_rounding", "on"), "learns each weight's rounding on it", ""))
     return asked
 
 
@@ -219,6 +221,11 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
                 per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
                 plan = plan_for(loaded, cfg, floated)
                 amax, _ = ranges_from_cache(plan, per_tensor)
+    known: dict | None = None
+    if _learns_rounding(cfg, calib, loaded, plan, report) and data is not None:
+        with report.stage("learned rounding"):
+            known = _learn_rounding(loaded, plan, amax, data, report, progress)
+            _free_if_large(loaded)
     means = None
     measured = _measured(cfg, calib, data, loaded) and bool(plan.activation_sites())
     if cfg.bias_correction or (_auto_bias(cfg) and measured and plan.weight_sites()):
@@ -228,7 +235,7 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     inserted = None
     if cfg.fallback and plan.activation_sites():
         with report.stage("sensitivity"):
-            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated)
+            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated, known)
     elif measured:
         assert data is not None, "_measured asks for real data"
         with report.stage("fidelity"):
@@ -236,8 +243,8 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
     with report.stage("insert"):
         if inserted is None:
             if means is not None:
-                report.add([correct_biases(loaded.graph, plan, means)])
-            inserted = insert_qdq(loaded.graph, plan, amax, weights=cfg.weights, fmt=cfg.format)
+                report.add([correct_biases(loaded.graph, plan, means, known)])
+            inserted = insert_qdq(loaded.graph, plan, amax, weights=cfg.weights, fmt=cfg.format, known=known)
         else:
             loaded.graph = inserted.graph
             report.add(inserted.passes)
@@ -375,6 +382,48 @@ def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, calib) -> 
     return any(view.vocab.is_(n, "matmul") and attention.of(g, n) is not None for n in view.nodes)
 
 
+def _learns_rounding(cfg: QuantizeConfig, calib, loaded: io.Loaded, plan: Plan, report: InsertReport) -> bool:
+    """Whether to learn the INT8 weights' rounding: as configured (`on` was checked when the config
+    was made), or, by default, with real data, INT8 weights stored as INT8, PyTorch installed, and
+    layers that take at most learned_rounding.AUTO_WORK to learn (measured: it pays its time on
+    small models, not on large ones; docs/ACCURACY.md); a larger model gets a note."""
+    if cfg.learned_rounding == "off" or cfg.precision != "int8" or cfg.weights != "int8" or not is_real(calib):
+        return False
+    if cfg.learned_rounding == "on":
+        return True
+    if learned_rounding.torch_or_none() is None:
+        return False
+    cost = learned_rounding.work(loaded.graph, plan)
+    if cost > learned_rounding.AUTO_WORK:
+        report.notes.append(f"learned rounding: not by default on a model this large ({cost:.1e} multiply-adds to "
+                            f"learn, over {learned_rounding.AUTO_WORK:.0e}); --learned-rounding on learns it")
+        return False
+    return cost > 0
+
+
+def _learn_rounding(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData, report: InsertReport,
+                    progress) -> dict | None:
+    """The learned INT8 weights ({weight tensor: Known}) for insertion, or None when there is none,
+    or when they do not raise the model's output SQNR on calibration samples (float32, against
+    float): then every weight is rounded to nearest, and the summary says so."""
+    known, details = learned_rounding.learn(loaded, plan, amax, data, progress)
+    if known:
+        (before, each_before), (after, each_after) = learned_rounding.output_sqnr(loaded, plan, amax, data,
+                                                                                  [None, known])
+        details.update(sqnr_before_db=before, sqnr_after_db=after, outputs_before_db=each_before,
+                       outputs_after_db=each_after, check_samples=learned_rounding.CHECK_SAMPLES)
+        worse = [o.name for o, b, a in zip(loaded.graph.outputs, each_before, each_after)
+                 if a < b - learned_rounding.MAX_OUTPUT_LOSS_DB]
+        if not after > before or worse:
+            details["dropped"] = (f"output {worse[0]} loses more than {learned_rounding.MAX_OUTPUT_LOSS_DB:g} dB"
+                                  if worse else "the output SQNR did not rise")
+            details["learned"] = 0
+            known = {}
+    details["seconds"] = round(details["seconds"], 3)
+    report.add([learned_rounding.record(details)])
+    return known or None
+
+
 def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: bool, calib_cache,
             cfg: QuantizeConfig, report: InsertReport, progress) -> dict[str, float]:
     """amax per scale group: from the cache (and the data for what it lacks), or from the data."""
@@ -401,7 +450,7 @@ class _Inserted:
 
 
 def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
-              report: InsertReport, progress=None, floated: tuple = ()):
+              report: InsertReport, progress=None, floated: tuple = (), known: dict | None = None):
     """Measure each quantized unit's sensitivity on a Q/DQ copy of the graph, choose the units to
     return to float, and plan again without them, in memory. The figure reported is the output
     SQNR of the model as it will be written (planned again, float islands and all), measured on
@@ -409,8 +458,8 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     back to float too, within --max-float-layers. Returns (plan, amax, inserted): the trial copy
     stands as the inserted graph when nothing goes back to float."""
     trial = loaded.graph.copy()
-    bias = [correct_biases(trial, plan, means)] if means is not None else []
-    trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format)
+    bias = [correct_biases(trial, plan, means, known)] if means is not None else []
+    trial_insert = insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=cfg.format, known=known)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, stop_above_db=cfg.accuracy_budget, progress=progress,
                              ray=cfg.ray, reference=loaded)
@@ -433,7 +482,7 @@ def _fallback(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     while True:
         new_plan, new_amax = planned(chosen)
         try:
-            written_db = _written_db(loaded, new_plan, new_amax, means, cfg, data, sens)
+            written_db = _written_db(loaded, new_plan, new_amax, means, cfg, data, sens, known)
         except QdqError as e:               # a model onnxruntime cannot run here (bf16 islands on a CPU)
             written_db, why_not = None, e.problem
             break
@@ -648,15 +697,15 @@ def _written_model(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: Quanti
 
 
 def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig, data: CalibrationData,
-                sens) -> float:
+                sens, known: dict | None = None) -> float:
     """The output SQNR of the model quantize() writes for `plan` (inserted and deployed as the run
     does, on a copy), on the sensitivity samples against float."""
     copy = io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version, fixed_inputs=loaded.fixed_inputs)
     if means is not None:
-        correct_biases(copy.graph, plan, means)
+        correct_biases(copy.graph, plan, means, known)
     fmt = cfg.format
     assert fmt is not None, "INT4 runs take their own pipeline, without a fallback"
-    inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt)
+    inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt, known=known)
     model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport())
     del copy
     return output_sqnr(model, sens)

@@ -320,3 +320,5 @@ def _jsonable(value):
     except ImportError:  # pragma: no cover
         pass
     return str(value)
+
+

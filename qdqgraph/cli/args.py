@@ -187,7 +187,7 @@ def config(args, **extra) -> QuantizeConfig:
                  include_nodes=tuple(args.include_node), fixed_inputs=fixed_inputs(args.fix_input))
     for name in ("precision", "block_size", "int4_method", "weights", "high_precision", "smooth_quant", "accuracy_budget",
                  "max_float_layers", "sensitivity_samples", "int8_attention", "ray", "require_int8", "target", "gpu",
-                 "equalize", "sqnr_floor", "floor_int8_flops"):
+                 "equalize", "sqnr_floor", "floor_int8_flops", "learned_rounding"):
         if hasattr(args, name):
             found[name] = getattr(args, name)
     if hasattr(args, "output_aware"):

@@ -81,6 +81,11 @@ def add(sub) -> None:
     g.add_argument("--int8-attention", choices=list(a.ATTENTION_MODES), default="auto",
                    help="INT8 for the attention's two batched GEMMs (TensorRT's fused INT8 attention); auto: "
                         f"keep it while it costs at most {a.ATTENTION_MAX_LOSS_DB:g} dB output SQNR, measured")
+    g.add_argument("--learned-rounding", choices=["auto", "on", "off"], default="off",
+                   help="learn each INT8 Conv/Gemm/MatMul weight's rounding (up or down per element) from its "
+                        "layer's output error on --calib (AdaRound; same scales, only the INT8 values change); "
+                        "needs PyTorch (pip install 'qdqgraph[learn]'); auto: where PyTorch is installed, on models "
+                        "whose layers take about 15 s or less to learn")
     g = p.add_argument_group("accuracy")
     g.add_argument("--accuracy-budget", type=float, metavar="SQNR_DB",
                    help="return the most sensitive nodes to float until the output SQNR against float reaches "

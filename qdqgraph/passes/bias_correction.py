@@ -60,8 +60,9 @@ def input_means(loaded: io.Loaded, plan: Plan, data: CalibrationData, samples: i
 
 
 @declare("bias_correction")
-def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray]) -> PassResult:
-    """Apply the correction in place; details: `corrected` (node names)."""
+def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray], known: dict | None = None) -> PassResult:
+    """Apply the correction in place; details: `corrected` (node names). `known`: weights whose
+    INT8 values are given ({tensor: insert.Known}, learned rounding's): their error is theirs."""
     view = GraphView(graph)
     done = []
     for node, site in _targets(graph, plan):
@@ -69,9 +70,11 @@ def correct_biases(graph: gs.Graph, plan: Plan, means: dict[str, np.ndarray]) ->
         w = view.constant_value(node.inputs[1])
         if mean is None or w is None:
             continue
-        scale = weight_scales(w, site.axis)
+        given = (known or {}).get(site.tensor)
+        scale = weight_scales(w, site.axis) if given is None else np.asarray(given.scale)
         s = scale.reshape([-1 if d == site.axis else 1 for d in range(w.ndim)])
-        err = quantize_weight(w, scale, site.axis).astype(np.float64) * s - w.astype(np.float64)
+        stored = quantize_weight(w, scale, site.axis) if given is None or given.stored is None else given.stored
+        err = stored.astype(np.float64) * s - w.astype(np.float64)
         if not view.vocab.is_(node, "gemm"):
             group = int(node.attrs.get("group", 1))
             o, cg = err.shape[0], err.shape[1]
