@@ -15,7 +15,8 @@ import contextlib
 import gc
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 import time
 
@@ -159,7 +160,70 @@ def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_c
         return _quantize(model, calib, config, calib_cache, progress, options)
 
 
+@dataclass
+class _Run:
+    """What one quantize() run carries from stage to stage."""
+
+    cfg: QuantizeConfig
+    calib: object
+    calib_cache: object
+    progress: object
+    report: InsertReport
+    loaded: io.Loaded
+    data: CalibrationData | None
+    plan: Plan = None                # type: ignore[assignment]  # set by the plan stage
+    amax: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)   # ranges a recipe chose, over the calibrated ones
+    floated: tuple = ()              # nodes the attention check returned to float
+    known: dict | None = None        # learned INT8 weights
+    means: dict | None = None        # bias correction's input means
+    inserted: object = None          # the fallback's inserted trial, when it made one
+    measured_: bool | None = None
+
+    @property
+    def real(self) -> CalibrationData | None:
+        """The calibration data where it is real (not --calib random)."""
+        return self.data if is_real(self.calib) else None
+
+    def measured(self) -> bool:
+        """Whether the fidelity recipes measure this run (decided once, before bias correction)."""
+        if self.measured_ is None:
+            self.measured_ = _measured(self.cfg, self.calib, self.data, self.loaded) and bool(self.plan.activation_sites())
+        return self.measured_
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A recipe as a stage of the run: its report stage, whether it runs, what it does."""
+
+    stage: str
+    wanted: Callable[[_Run], bool]
+    apply: Callable[[_Run], None]
+
+
 def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
+    run = _start(model, calib, config, calib_cache, progress, options)
+    if precision(run.cfg.precision).weights_only:
+        return _quantize_int4(run.loaded, run.real, run.cfg, run.report)
+    with run.report.stage("plan"):
+        run.plan = plan_for(run.loaded, run.cfg)
+        run.report.warnings += check_plan(run.loaded, run.plan)
+    _steps(run, BEFORE_CALIBRATION)
+    _calibrate(run)
+    _steps(run, AFTER_CALIBRATION)
+    _insert(run)
+    return _finish(run)
+
+
+def _steps(run: _Run, steps: tuple[_Step, ...]) -> None:
+    for s in steps:
+        if s.wanted(run):
+            with run.report.stage(s.stage):
+                s.apply(run)
+
+
+def _start(model, calib, config, calib_cache, progress, options) -> _Run:
+    """The configuration checked, the model loaded and cleaned, the data read, equalization."""
     cfg = config_from(config, **options)
     _require_data(cfg, calib, calib_cache)
     for lib in cfg.custom_op_libraries:
@@ -176,94 +240,136 @@ def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
             report.warnings.append("calibrated on random data: the scales say nothing about accuracy")
     with report.stage("clean"):
         report.add(clean(loaded))
-    if cfg.equalize != "off" and not precision(cfg.precision).weights_only:
-        with report.stage("equalize"):      # by measured activation ranges where there is data
-            stats = activation_ranges(loaded, data) if data is not None and is_real(calib) else None
-            if stats or cfg.equalize == "on":     # auto without data: nothing to choose by
-                report.add([equalize(loaded.graph, stats, choose=cfg.equalize == "auto")])
-    if precision(cfg.precision).weights_only:
-        return _quantize_int4(loaded, data if is_real(calib) else None, cfg, report)
-    with report.stage("plan"):
-        plan = plan_for(loaded, cfg)
-        report.warnings += check_plan(loaded, plan)
-    overrides: dict[str, float] = {}
-    if _output_aware(cfg, loaded, plan, calib):
-        with report.stage("output-aware scales"):
-            passed, overrides = output_aware.run(loaded, plan, data)
-            report.add([passed])
-            if passed.changed:
-                plan = plan_for(loaded, cfg)
-            _free_if_large(loaded)
-    if cfg.smooth_quant is not None:
-        with report.stage("smooth"):
-            found = targets(loaded.graph, plan)
-            ranges = channel_ranges(loaded, sorted(found), data)
-            report.add([smooth(loaded.graph, found, ranges, cfg.smooth_quant)])
-            plan = plan_for(loaded, cfg)
-    with report.stage("calibrate"):
-        amax = _ranges(loaded, plan, data, is_real(calib), calib_cache, cfg, report, progress)
-        for rep, members in plan.groups().items():
-            chosen = [overrides[t] for t in members if t in overrides]
-            if chosen and calib_cache is None:
-                amax[rep] = max(chosen)
-        _free_if_large(loaded)
-    with report.stage("if branches"):    # each branch from the samples that take it (qdqgraph.graph.branches)
-        branched = branches.quantize_branches(loaded, data if is_real(calib) else None, cfg, quantize)
-        report.add([branched])
-        report.notes += branches.summary(branched)
-    floated: tuple = ()
-    if plan.activation_sites() and attention_guard.attention_gemms(loaded.graph, plan):
-        with report.stage("attention check"):
-            floated, report.attention = attention_guard.decide(loaded, plan, amax, data if is_real(calib) else None,
-                                                               cfg, progress)
-            _free_if_large(loaded)
-            if floated:
-                per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
-                plan = plan_for(loaded, cfg, floated)
-                amax, _ = ranges_from_cache(plan, per_tensor)
-    known: dict | None = None
-    if _learns_rounding(cfg, calib, loaded, plan, report) and data is not None:
-        with report.stage("learned rounding"):
-            known = _learn_rounding(loaded, plan, amax, data, report, progress)
-            _free_if_large(loaded)
-    means = None
-    measured = _measured(cfg, calib, data, loaded) and bool(plan.activation_sites())
-    if cfg.bias_correction or (_auto_bias(cfg) and measured and plan.weight_sites()):
-        assert data is not None, "_require_data and _measured ask for real data"
-        with report.stage("bias correction"):
-            means = input_means(loaded, plan, data)
-    inserted = None
-    if cfg.fallback and plan.activation_sites():
-        with report.stage("sensitivity"):
-            plan, amax, inserted = _fallback(loaded, plan, amax, means, data, cfg, report, progress, floated, known)
-    elif measured:
-        assert data is not None, "_measured asks for real data"
-        with report.stage("fidelity"):
-            plan, amax, means = _fidelity(loaded, plan, amax, means, data, cfg, report, progress, floated)
+    run = _Run(cfg, calib, calib_cache, progress, report, loaded, data)
+    _steps(run, BEFORE_PLAN)
+    return run
+
+
+def _equalize(run: _Run) -> None:
+    stats = activation_ranges(run.loaded, run.data) if run.real is not None else None
+    if stats or run.cfg.equalize == "on":     # auto without data: nothing to choose by
+        run.report.add([equalize(run.loaded.graph, stats, choose=run.cfg.equalize == "auto")])
+
+
+def _output_aware_step(run: _Run) -> None:
+    passed, run.overrides = output_aware.run(run.loaded, run.plan, run.data)
+    run.report.add([passed])
+    if passed.changed:
+        run.plan = plan_for(run.loaded, run.cfg)
+    _free_if_large(run.loaded)
+
+
+def _smooth_step(run: _Run) -> None:
+    found = targets(run.loaded.graph, run.plan)
+    ranges = channel_ranges(run.loaded, sorted(found), run.data)
+    run.report.add([smooth(run.loaded.graph, found, ranges, run.cfg.smooth_quant)])
+    run.plan = plan_for(run.loaded, run.cfg)
+
+
+def _calibrate(run: _Run) -> None:
+    """Ranges for the plan (a recipe's chosen ranges over them), then the If branches."""
+    with run.report.stage("calibrate"):
+        run.amax = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache, run.cfg,
+                           run.report, run.progress)
+        for rep, members in run.plan.groups().items():
+            chosen = [run.overrides[t] for t in members if t in run.overrides]
+            if chosen and run.calib_cache is None:
+                run.amax[rep] = max(chosen)
+        _free_if_large(run.loaded)
+    with run.report.stage("if branches"):    # each branch from the samples that take it (qdqgraph.graph.branches)
+        branched = branches.quantize_branches(run.loaded, run.real, run.cfg, quantize)
+        run.report.add([branched])
+        run.report.notes += branches.summary(branched)
+
+
+def _attention_step(run: _Run) -> None:
+    run.floated, run.report.attention = attention_guard.decide(run.loaded, run.plan, run.amax, run.real, run.cfg,
+                                                               run.progress)
+    _free_if_large(run.loaded)
+    if run.floated:
+        per_tensor = {t: run.amax[rep] for rep, members in run.plan.groups().items() for t in members}
+        run.plan = plan_for(run.loaded, run.cfg, run.floated)
+        run.amax, _ = ranges_from_cache(run.plan, per_tensor)
+
+
+def _rounding_step(run: _Run) -> None:
+    assert run.data is not None, "_learns_rounding asks for data"
+    run.known = _learn_rounding(run.loaded, run.plan, run.amax, run.data, run.report, run.progress)
+    _free_if_large(run.loaded)
+
+
+def _bias_step(run: _Run) -> None:
+    assert run.data is not None, "_require_data and _measured ask for real data"
+    run.means = input_means(run.loaded, run.plan, run.data)
+
+
+def _fallback_step(run: _Run) -> None:
+    run.plan, run.amax, run.inserted = _fallback(run.loaded, run.plan, run.amax, run.means, run.data, run.cfg,
+                                                 run.report, run.progress, run.floated, run.known)
+
+
+def _fidelity_step(run: _Run) -> None:
+    assert run.data is not None, "_measured asks for real data"
+    run.plan, run.amax, run.means = _fidelity(run.loaded, run.plan, run.amax, run.means, run.data, run.cfg,
+                                              run.report, run.progress, run.floated)
+
+
+# The recipes, in the order they run (each in its own report stage, where wanted)
+BEFORE_PLAN = (
+    _Step("equalize", lambda r: r.cfg.equalize != "off" and not precision(r.cfg.precision).weights_only, _equalize),
+)
+BEFORE_CALIBRATION = (
+    _Step("output-aware scales", lambda r: _output_aware(r.cfg, r.loaded, r.plan, r.calib), _output_aware_step),
+    _Step("smooth", lambda r: r.cfg.smooth_quant is not None, _smooth_step),
+)
+AFTER_CALIBRATION = (
+    _Step("attention check", lambda r: bool(r.plan.activation_sites())
+          and bool(attention_guard.attention_gemms(r.loaded.graph, r.plan)), _attention_step),
+    _Step("learned rounding", lambda r: _learns_rounding(r.cfg, r.calib, r.loaded, r.plan, r.report)
+          and r.data is not None, _rounding_step),
+    _Step("bias correction", lambda r: bool(r.cfg.bias_correction)
+          or (_auto_bias(r.cfg) and r.measured() and bool(r.plan.weight_sites())), _bias_step),
+    _Step("sensitivity", lambda r: r.cfg.fallback and bool(r.plan.activation_sites()), _fallback_step),
+    _Step("fidelity", lambda r: not (r.cfg.fallback and r.plan.activation_sites()) and r.measured(), _fidelity_step),
+)
+
+
+def _insert(run: _Run) -> None:
+    """The Q/DQ of the plan (or the fallback's trial, already inserted), checked."""
+    report, loaded = run.report, run.loaded
     with report.stage("insert"):
-        if inserted is None:
-            if means is not None:
-                report.add([correct_biases(loaded.graph, plan, means, known)])
-            inserted = insert_qdq(loaded.graph, plan, amax, weights=cfg.weights, fmt=cfg.format, known=known)
+        if run.inserted is None:
+            if run.means is not None:
+                report.add([correct_biases(loaded.graph, run.plan, run.means, run.known)])
+            inserted = insert_qdq(loaded.graph, run.plan, run.amax, weights=run.cfg.weights, fmt=run.cfg.format,
+                                  known=run.known)
         else:
-            loaded.graph = inserted.graph
-            report.add(inserted.passes)
-            inserted = inserted.result
+            trial = run.inserted
+            assert isinstance(trial, _Inserted)
+            loaded.graph = trial.graph
+            report.add(trial.passes)
+            inserted = trial.result
         report.add([inserted])
-        report.fill_from_plan(plan, amax)
+        report.fill_from_plan(run.plan, run.amax)
         for t in inserted["zero_range"]:
             report.warnings.append(f"tensor '{t}' was zero over all calibration samples; it got the safe scale "
                                    f"(docs/CALIBRATION.md)")
         violations = qdq_violations(loaded.graph)
         if violations:
             raise InvariantError("qdqgraph produced a model that breaks its Q/DQ invariants: " + "; ".join(violations[:5]))
-    model_out, final = _deploy(loaded, inserted["provenance"], cfg, data if is_real(calib) else None, report)
+    run.inserted = inserted
+
+
+def _finish(run: _Run) -> Result:
+    """The writing stage, the prediction, what to tell the user, --require-int8, the speed line."""
+    cfg, report, loaded, plan = run.cfg, run.report, run.loaded, run.plan
+    model_out, final = _deploy(loaded, run.inserted["provenance"], cfg, run.real, report)   # type: ignore[index]
     with report.stage("simulate"):
         sim = _predict(final, report, cfg.target, cfg.precision)
-    report.notes += advice.explain(loaded.graph, plan, data if is_real(calib) else None, report.tensorrt)
-    dropped = [n for n, d in plan.decisions.items() if not d.quantized and (d.reason or "").startswith(NO_INT8)]
-    if dropped:
-        why = next(d.reason for d in plan.decisions.values() if (d.reason or "").startswith(NO_INT8))
+    report.notes += advice.explain(loaded.graph, plan, run.real, report.tensorrt)
+    why = next((d.reason for d in plan.decisions.values() if not d.quantized and (d.reason or "").startswith(NO_INT8)),
+               None)
+    if why:
         report.warnings.append(f"{why}; the model is written in float"
                                + (f" with {cfg.high_precision} islands" if cfg.high_precision != "fp32" else ""))
     little = advice.warning(loaded.graph, plan, report.tensorrt, label(cfg.precision))
@@ -565,33 +671,16 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
         return plan, amax, means
     out: dict = {"samples": ref.samples, "first": current.to_dict()}
     if _auto_bias(cfg) and means:
-        kept = dict(means)
-        means = None
-        _, _, without = written([])
-        if current.overall_db > without.overall_db:
-            means = kept
-        out["bias_correction"] = {"kept": means is not None, "with_db": _r(current.overall_db),
-                                  "without_db": _r(without.overall_db)}
-        if means is None:
+        kept_means, means = means, None          # `written` reads `means`: the model without the correction
+        without = written([])[2]
+        keep = current.overall_db > without.overall_db
+        out["bias_correction"] = {"kept": keep, "with_db": _r(current.overall_db), "without_db": _r(without.overall_db)}
+        if keep:
+            means = kept_means
+        else:
             current = without
     if cfg.fragile_heads and len(current.per_output) > 1:
-        floor = cfg.sqnr_floor if cfg.sqnr_floor is not None else DEFAULT_SQNR_FLOOR
-        heads = []
-        for name in fidelity.fragile_outputs(current, floor):
-            units, share = fidelity.head_units(loaded.graph, plan, name, flops, total)
-            units = [u for u in units if u not in {n for n, _ in extra}]
-            if not units:
-                continue
-            why = f"fragile head: output '{name}' kept float"
-            _, _, trial = written(extra + [(u, why) for u in units])
-            before, after = current.per_output[name], trial.per_output.get(name, float("nan"))
-            entry = {"output": name, "nodes": units, "flops_share": round(share, 6), "before_db": _r(before),
-                     "after_db": _r(after), "kept": bool(after >= before + HEAD_MIN_GAIN_DB)}
-            heads.append(entry)
-            if entry["kept"]:
-                extra += [(u, why) for u in units]
-                current = trial
-        out["heads"] = heads
+        out["heads"], current = _fragile_heads(loaded.graph, plan, cfg, current, flops, total, extra, written)
     if cfg.sqnr_floor is not None and current.overall_db < cfg.sqnr_floor:
         floor_plan = plan_for(loaded, cfg, floated + tuple(extra)) if extra else plan
         out["floor"], floored = _floor(loaded, floor_plan, per_tensor, means, data, cfg, flops, current, progress,
@@ -608,6 +697,29 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
         plan = plan_for(loaded, cfg, floated + tuple(extra))
         amax = ranges_from_cache(plan, per_tensor)[0]
     return plan, amax, means
+
+
+def _fragile_heads(graph, plan: Plan, cfg: QuantizeConfig, current, flops: dict, total: float, extra: list,
+                   written) -> tuple[list[dict], fidelity.Fidelity]:
+    """Each fragile output's head (its last layers, few FLOPs) tried float on the written model; kept
+    float where its output gains HEAD_MIN_GAIN_DB. `extra` grows by the kept heads' nodes."""
+    floor = cfg.sqnr_floor if cfg.sqnr_floor is not None else DEFAULT_SQNR_FLOOR
+    heads = []
+    for name in fidelity.fragile_outputs(current, floor):
+        units, share = fidelity.head_units(graph, plan, name, flops, total)
+        units = [u for u in units if u not in {n for n, _ in extra}]
+        if not units:
+            continue
+        why = f"fragile head: output '{name}' kept float"
+        _, _, trial = written(extra + [(u, why) for u in units])
+        before, after = current.per_output[name], trial.per_output.get(name, float("nan"))
+        entry = {"output": name, "nodes": units, "flops_share": round(share, 6), "before_db": _r(before),
+                 "after_db": _r(after), "kept": bool(after >= before + HEAD_MIN_GAIN_DB)}
+        heads.append(entry)
+        if entry["kept"]:
+            extra += [(u, why) for u in units]
+            current = trial
+    return heads, current
 
 
 # The written models are compared on more samples than the sweep ranks on: chosen on 8, a float

@@ -4,6 +4,7 @@ import ast
 from pathlib import Path
 
 import onnx
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qdqgraph"
 ONNX_OPS = {s.name for s in onnx.defs.get_all_schemas_with_history()}
@@ -202,3 +203,21 @@ def test_the_function_level_import_count_sees_one(tmp_path):
     p = tmp_path / "m.py"
     p.write_text("import os\n\ndef f():\n    import json\n    return json\n")
     assert _function_level_imports(p) == [4]
+
+
+MAX_COMPLEXITY = 25
+
+
+def test_no_function_above_the_complexity_limit():
+    """No function of the tool above cyclomatic complexity MAX_COMPLEXITY (radon's measure): a
+    function that branches that much is split into the steps it takes."""
+    radon = pytest.importorskip("radon.complexity")
+    over = []
+    for name, path in modules().items():
+        if name.startswith("qdqgraph.testing"):
+            continue
+        for block in radon.cc_visit(path.read_text()):
+            for b in [block, *getattr(block, "closures", []), *getattr(block, "methods", [])]:
+                if b.complexity > MAX_COMPLEXITY:
+                    over.append(f"{name}.{getattr(b, 'classname', None) or ''}{'.' if getattr(b, 'classname', None) else ''}{b.name} ({b.complexity})")
+    assert over == [], over

@@ -168,14 +168,7 @@ def equalize(graph: gs.Graph, stats: dict[str, ChannelStats] | None = None, roun
     if not found:
         return result("equalize", False, pairs=[], rounds=0, spread={}, measured=0, noise_db={})
     view = GraphView(graph)
-    w = {}
-    b = {}
-    for first, _, second in found:
-        for node in (first, second):
-            if node.name not in w:
-                w[node.name] = view.constant(node.inputs[1]).astype(np.float64)
-                b[node.name] = (view.constant(node.inputs[2]).astype(np.float64)
-                                if len(node.inputs) > 2 and node.inputs[2].name else None)
+    w, b = _weights(view, found)
     act = {f.name: stats[f.name] for f, _, _ in found
            if stats and f.name in stats and stats[f.name].peak.size == w[f.name].shape[0]}
     spread: dict[str, float] = {}
@@ -184,44 +177,73 @@ def equalize(graph: gs.Graph, stats: dict[str, ChannelStats] | None = None, roun
     for done in range(1, rounds + 1):
         moved = 0.0
         for first, _, second in found:
-            group = int(second.attrs.get("group", 1))
-            a = act.get(first.name)
-            if a is None and choose:
-                continue                    # nothing measured to choose by
-            s = _scales(w[first.name] if a is None else a.peak.reshape(-1, 1), w[second.name], group)
-            if a is not None and choose:
-                start_noise.setdefault(first.name, noise(a, w[second.name], group))
-                trials = {t: noise(a.scaled(s ** t), _in_scale(w[second.name], group, s ** t), group)
-                          for t in STRENGTHS}
-                s = s ** min(trials, key=lambda t: (trials[t], t))
-            if np.all(s == 1.0):
+            s = _pair_scale(first, second, act, w, choose, start_noise)
+            if s is None or np.all(s == 1.0):
                 continue
-            if a is not None:
-                act[first.name] = a.scaled(s)
+            if first.name in act:
+                act[first.name] = act[first.name].scaled(s)
             spread.setdefault(first.name, float(s.max() / s.min()))
-            w[first.name] = w[first.name] / s.reshape(-1, *([1] * (w[first.name].ndim - 1)))
-            if b[first.name] is not None:
-                b[first.name] = b[first.name] / s
-            w[second.name] = _in_scale(w[second.name], group, s)
+            _rescale(first, second, s, w, b)
             moved = max(moved, float(np.max(np.abs(np.log(s)))))
         if moved < CONVERGED:
             break
     scaled = [(f, sc) for f, _, sc in found if f.name in spread]
-    changed_nodes = {n.name for f, sc in scaled for n in (f, sc)}
     noise_db = {f.name: round(10 * float(np.log10(noise(act[f.name], w[sc.name], int(sc.attrs.get("group", 1)))
                                                   / start_noise[f.name])), 2)
                 for f, sc in scaled if f.name in start_noise and start_noise[f.name] > 0}
+    _write_back(graph, view, {n.name for f, sc in scaled for n in (f, sc)}, w, b)
+    return result("equalize", bool(scaled), pairs=[[f.name, sc.name] for f, sc in scaled], rounds=done,
+                  spread={k: round(v, 2) for k, v in spread.items()}, measured=len(act), noise_db=noise_db)
+
+
+def _weights(view: GraphView, found) -> tuple[dict, dict]:
+    """Each paired Conv's weight and bias (None without one), float64."""
+    w: dict[str, np.ndarray] = {}
+    b: dict[str, np.ndarray | None] = {}
+    for first, _, second in found:
+        for node in (first, second):
+            if node.name not in w:
+                w[node.name] = view.constant(node.inputs[1]).astype(np.float64)
+                b[node.name] = (view.constant(node.inputs[2]).astype(np.float64)
+                                if len(node.inputs) > 2 and node.inputs[2].name else None)
+    return w, b
+
+
+def _pair_scale(first: gs.Node, second: gs.Node, act: dict, w: dict, choose: bool,
+                start_noise: dict) -> np.ndarray | None:
+    """The per-channel scale of one pair this round: by Conv1's measured range where there is one
+    (else its weight), at the strength of least estimated noise when `choose`; None: nothing to
+    choose by."""
+    group = int(second.attrs.get("group", 1))
+    a = act.get(first.name)
+    if a is None and choose:
+        return None                    # nothing measured to choose by
+    s = _scales(w[first.name] if a is None else a.peak.reshape(-1, 1), w[second.name], group)
+    if a is not None and choose:
+        start_noise.setdefault(first.name, noise(a, w[second.name], group))
+        trials = {t: noise(a.scaled(s ** t), _in_scale(w[second.name], group, s ** t), group) for t in STRENGTHS}
+        s = s ** min(trials, key=lambda t: (trials[t], t))
+    return s
+
+
+def _rescale(first: gs.Node, second: gs.Node, s: np.ndarray, w: dict, b: dict) -> None:
+    """Conv1's output channels (and bias) divided by `s`, Conv2's input channels multiplied."""
+    w[first.name] = w[first.name] / s.reshape(-1, *([1] * (w[first.name].ndim - 1)))
+    if b[first.name] is not None:
+        b[first.name] = b[first.name] / s
+    w[second.name] = _in_scale(w[second.name], int(second.attrs.get("group", 1)), s)
+
+
+def _write_back(graph: gs.Graph, view: GraphView, changed: set[str], w: dict, b: dict) -> None:
+    """The rescaled weights and biases as new constants of the changed Convs, in their types."""
     nodes = {n.name: n for n in graph.nodes}
-    for name in sorted(changed_nodes):
+    for name in sorted(changed):
         node = nodes[name]
-        value = w[name]
         dtype = view.constant(node.inputs[1]).dtype
-        node.inputs[1] = gs.Constant(f"{name}_weight_equalized", value.astype(dtype))
+        node.inputs[1] = gs.Constant(f"{name}_weight_equalized", w[name].astype(dtype))
         bias = b[name]
         if bias is not None:
             node.inputs[2] = gs.Constant(f"{name}_bias_equalized", bias.astype(view.constant(node.inputs[2]).dtype))
-    return result("equalize", bool(scaled), pairs=[[f.name, sc.name] for f, sc in scaled], rounds=done,
-                  spread={k: round(v, 2) for k, v in spread.items()}, measured=len(act), noise_db=noise_db)
 
 
 def _equalized(results) -> dict | None:

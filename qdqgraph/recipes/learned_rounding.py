@@ -108,21 +108,8 @@ def targets(graph: gs.Graph, plan: Plan, amax: dict, inputs: bool = True) -> lis
     act = {edge: s for s in plan.activation_sites() for edge in s.edges}
     out = []
     for site in plan.weight_sites():
-        if len(site.edges) != 1 or site.edges[0][1] != 1:
-            continue
-        node = nodes.get(site.edges[0][0])
-        if node is None or not node.inputs or not isinstance(node.inputs[0], gs.Variable):
-            continue
-        w = view.constant_value(node.inputs[1])
-        if w is None or w.dtype != np.float32 or w.size == 0:
-            continue
-        if view.vocab.is_(node, "conv"):
-            if view.vocab.is_(node, "conv_transpose") or w.ndim < 3:
-                continue
-        elif view.vocab.is_(node, "gemm"):
-            if node.attrs.get("transA", 0) or w.ndim != 2:
-                continue
-        elif not view.vocab.is_(node, "matmul") or w.ndim != 2:
+        node = _learnable_reader(view, nodes, site)
+        if node is None:
             continue
         s = act.get((node.name, 0))
         a = None
@@ -132,6 +119,25 @@ def targets(graph: gs.Graph, plan: Plan, amax: dict, inputs: bool = True) -> lis
                 continue
         out.append(Target(node, site, None if a is None else float(a)))
     return out
+
+
+def _learnable_reader(view: GraphView, nodes: dict, site: Site) -> gs.Node | None:
+    """The one reader of a weight site where it is a layer the rounding can learn, else None."""
+    if len(site.edges) != 1 or site.edges[0][1] != 1:
+        return None
+    node = nodes.get(site.edges[0][0])
+    if node is None or not node.inputs or not isinstance(node.inputs[0], gs.Variable):
+        return None
+    w = view.constant_value(node.inputs[1])
+    if w is None or w.dtype != np.float32 or w.size == 0:
+        return None
+    if view.vocab.is_(node, "conv"):
+        ok = not view.vocab.is_(node, "conv_transpose") and w.ndim >= 3
+    elif view.vocab.is_(node, "gemm"):
+        ok = not node.attrs.get("transA", 0) and w.ndim == 2
+    else:
+        ok = view.vocab.is_(node, "matmul") and w.ndim == 2
+    return node if ok else None
 
 
 # ---------------------------------------------------------------- layers as out = X W^T on rows
