@@ -26,8 +26,10 @@ def _manifest(folder: Path) -> list[dict]:
 
 def test_writes_in_process_are_kept_once_per_content_with_the_test_that_wrote_them(tmp_path, monkeypatch):
     folder = tmp_path / "kept"
-    monkeypatch.setattr(io, "save", io.save)            # undone after the test
-    monkeypatch.setattr(qdqgraph, "save", qdqgraph.save)
+    # the writer unwrapped (undone after the test): in a collecting run the suite's own wrapper is on it,
+    # and this test's writes belong in its folder alone
+    monkeypatch.setattr(io, "save", getattr(io.save, "__wrapped__", io.save))
+    monkeypatch.setattr(qdqgraph, "save", getattr(qdqgraph.save, "__wrapped__", qdqgraph.save))
     collect_written.wrap(io, folder)
     collect_written.wrap(io, folder)                     # idempotent: one record per write
     m = qdqgraph.quantize(motifs.residual_add(), motifs.sample_data(motifs.residual_add())).model
@@ -72,7 +74,8 @@ def test_the_check_fails_naming_each_model_that_does_not_build(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(ROOT / ".ci"))
     import check_written
     folder = tmp_path / "kept"
-    monkeypatch.setattr(io, "save", io.save)
+    monkeypatch.setattr(io, "save", getattr(io.save, "__wrapped__", io.save))      # not the suite's wrapper
+    monkeypatch.setattr(qdqgraph, "save", getattr(qdqgraph.save, "__wrapped__", qdqgraph.save))
     collect_written.wrap(io, folder)
     m = motifs.residual_add()
     io.save(qdqgraph.quantize(m, motifs.sample_data(m)).model, tmp_path / "q.onnx")
