@@ -11,8 +11,6 @@ them.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import re
 from dataclasses import dataclass, field
@@ -21,7 +19,6 @@ from pathlib import Path
 import time
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from .placement import advice, load_ruleset
 from .graph import attention, branches, io, proto
@@ -33,20 +30,20 @@ from .samples.data import CalibrationData
 from .errors import InvariantError, QdqError, option
 from .precisions.formats import label
 from .precisions.registry import precision
-from .passes.bias_add import bias_to_add
 from .passes.bias_correction import correct_biases, input_means
 from .passes.check import qdq_violations
 from .passes.equalize import equalize
 from .recipes.equalize import activation_ranges
 from .passes.insert import insert_qdq
 from .recipes.int4_weights import int4_targets, quantize_int4_weights
-from .passes.precision import MIN_OPSET as PRECISION_OPSET, lower_float_islands, measure_ranges, island_opset
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
 from .recipes.small_regions import NO_INT8
 from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
 from .execution.profile import step
 from .report import InsertReport
+from .writing import write_model
+from .execution.memory import fewer_collections, free_if_large
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
 from .trtsim import simulate, SimReport
@@ -66,41 +63,6 @@ class Result:
     plan: Plan
     report: InsertReport
     config: QuantizeConfig | None = None
-
-
-# Python's cyclic garbage collector scans every tracked object at each full collection, and a
-# graph is hundreds of thousands of them: at its default thresholds collection took a third of
-# insert's time on a 10,000-node CNN (benchmarks/scale.py: 20.1 s -> 13.4 s with it off). A run
-# collects far less often; the thresholds are restored when it ends.
-RUN_GC_THRESHOLD = (100_000, 50, 100)
-
-
-LARGE_MODEL_BYTES = 64 << 20     # above this, a run frees the garbage of its big stages at once
-
-
-def _free_if_large(loaded: io.Loaded) -> None:
-    """A full collection after the stages that drop large garbage (a session and its weights, the
-    float weights after insertion), on large models only: the cyclic garbage of a stage would
-    otherwise stay until the next full collection (fewer_collections), and peak memory with it
-    (a 453 MB encoder: 2.2 GB -> 1.6 GB peak RSS). On small models a full collection costs more
-    than the memory it frees."""
-    if _weight_bytes(loaded) >= LARGE_MODEL_BYTES:
-        gc.collect()
-
-
-def _weight_bytes(loaded: io.Loaded) -> int:
-    return sum(t.values.nbytes for t in loaded.graph.tensors().values()
-               if isinstance(t, gs.Constant) and not isinstance(t._values, gs.ir.tensor.LazyValues))
-
-
-@contextlib.contextmanager
-def fewer_collections():
-    old = gc.get_threshold()
-    gc.set_threshold(*RUN_GC_THRESHOLD)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
 
 
 def _asked_data(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
@@ -256,7 +218,7 @@ def _output_aware_step(run: _Run) -> None:
     run.report.add([passed])
     if passed.changed:
         run.plan = plan_for(run.loaded, run.cfg)
-    _free_if_large(run.loaded)
+    free_if_large(run.loaded)
 
 
 def _smooth_step(run: _Run) -> None:
@@ -275,7 +237,7 @@ def _calibrate(run: _Run) -> None:
             chosen = [run.overrides[t] for t in members if t in run.overrides]
             if chosen and run.calib_cache is None:
                 run.amax[rep] = max(chosen)
-        _free_if_large(run.loaded)
+        free_if_large(run.loaded)
     with run.report.stage("if branches"):    # each branch from the samples that take it (qdqgraph.graph.branches)
         branched = branches.quantize_branches(run.loaded, run.real, run.cfg, quantize)
         run.report.add([branched])
@@ -285,7 +247,7 @@ def _calibrate(run: _Run) -> None:
 def _attention_step(run: _Run) -> None:
     run.floated, run.report.attention = attention_guard.decide(run.loaded, run.plan, run.amax, run.real, run.cfg,
                                                                run.progress)
-    _free_if_large(run.loaded)
+    free_if_large(run.loaded)
     if run.floated:
         per_tensor = {t: run.amax[rep] for rep, members in run.plan.groups().items() for t in members}
         run.plan = plan_for(run.loaded, run.cfg, run.floated)
@@ -295,7 +257,7 @@ def _attention_step(run: _Run) -> None:
 def _rounding_step(run: _Run) -> None:
     assert run.data is not None, "_learns_rounding asks for data"
     run.known = _learn_rounding(run.loaded, run.plan, run.amax, run.data, run.report, run.progress)
-    _free_if_large(run.loaded)
+    free_if_large(run.loaded)
 
 
 def _bias_step(run: _Run) -> None:
@@ -363,7 +325,7 @@ def _insert(run: _Run) -> None:
 def _finish(run: _Run) -> Result:
     """The writing stage, the prediction, what to tell the user, --require-int8, the speed line."""
     cfg, report, loaded, plan = run.cfg, run.report, run.loaded, run.plan
-    model_out, final = _deploy(loaded, run.inserted["provenance"], cfg, run.real, report)   # type: ignore[index]
+    model_out, final = write_model(loaded, run.inserted["provenance"], cfg, run.real, report)   # type: ignore[index]
     with report.stage("simulate"):
         sim = _predict(final, report, cfg.target, cfg.precision)
     report.notes += advice.explain(loaded.graph, plan, run.real, report.tensorrt)
@@ -463,7 +425,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
     # each DequantizeLinear is stamped with the placement rule of its weight's site
     rule = {s.tensor: s.rule for s in plan.weight_sites()}
     provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
-    model_out, final = _deploy(loaded, provenance, cfg, data, report)
+    model_out, final = write_model(loaded, provenance, cfg, data, report)
     with report.stage("simulate"):
         sim = _predict(final, report, cfg.target, cfg.precision)
     _speed(final, sim, report, cfg.target, cfg.gpu)
@@ -797,14 +759,14 @@ FLOOR_CHECKS = 6           # written models the floor builds and measures at mos
 def _written_model(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeConfig,
                    data: CalibrationData, range_cache: dict | None = None) -> proto.ModelProto:
     """The model quantize() writes for `plan`, inserted and deployed as the run does, on a copy
-    (the float islands' ranges from `range_cache` where it has them: see _deploy)."""
+    (the float islands' ranges from `range_cache` where it has them: see writing.write_model)."""
     copy = io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version, fixed_inputs=loaded.fixed_inputs)
     if means is not None:
         correct_biases(copy.graph, plan, means)
     fmt = cfg.format
     assert fmt is not None, "INT4 runs take their own pipeline"
     inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt)
-    model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport(), range_cache)
+    model, _ = write_model(copy, inserted["provenance"], cfg, data, InsertReport(), range_cache)
     return model
 
 
@@ -818,127 +780,9 @@ def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeC
     fmt = cfg.format
     assert fmt is not None, "INT4 runs take their own pipeline, without a fallback"
     inserted = insert_qdq(copy.graph, plan, amax, weights=cfg.weights, fmt=fmt, known=known)
-    model, _ = _deploy(copy, inserted["provenance"], cfg, data, InsertReport())
+    model, _ = write_model(copy, inserted["provenance"], cfg, data, InsertReport())
     del copy
     return output_sqnr(model, sens)
-
-
-def _deploy(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: CalibrationData | None,
-            report: InsertReport, range_cache: dict | None = None) -> tuple[proto.ModelProto, io.Loaded]:
-    """The written model: float islands in cfg.high_precision (opset raised to 19 for their
-    scales, 22 for BF16 convolutions and poolings), checked. With `data`, ops whose outputs reach
-    passes.precision.RANGE_LIMIT on a few samples stay float32. `range_cache`: the ranges measured for
-    an earlier plan of the same model reused when it holds them, kept in it when empty (the fidelity
-    checks build several written models, and the ranges are a third of a large detector's insert
-    time). Returns the model and the graph it was exported from."""
-    report.add([bias_to_add(loaded.graph)])        # every onnxruntime session then computes what TensorRT does
-    if cfg.high_precision == "fp32":
-        with report.stage("insert"):
-            model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy
-            _check(model, "quantized")
-        return model, loaded
-    with report.stage("island ranges"):             # a run on calibration samples (rule H5)
-        if range_cache:
-            ranges = range_cache
-        elif data is not None:
-            ranges = measure_ranges(loaded, data, providers=list(cfg.providers) if cfg.providers else None)
-            if range_cache is not None:
-                range_cache.update(ranges)
-        else:
-            ranges = {}
-            report.warnings.append(f"no calibration data: {cfg.high_precision} islands were made without "
-                                   f"checking activation ranges (rule H5)")
-    with report.stage("float islands"):
-        lowered = _at_precision_opset(loaded, provenance, cfg.high_precision, report)
-        with step("retype"):
-            islands = lower_float_islands(lowered.graph, cfg.high_precision, lowered.graph.opset, ranges)
-        report.add([islands])
-        with step("export"):
-            model = io.to_model(lowered, provenance, tidy=False)      # the islands pass left it tidy
-        if lowered is loaded:
-            with step("shapes"):        # what reading the opset-19 model back would have inferred
-                io.refine_shapes(lowered.graph, model)
-        with step("check"):
-            _check_raised(model, cfg.high_precision, report)
-    return model, lowered
-
-
-def _raise_for_islands(model: proto.ModelProto, high_precision: str, report: InsertReport) -> proto.ModelProto:
-    """The model at the opset its islands need (passes.precision.island_opset). BF16 islands want
-    opset 22; a model the converter cannot take there goes to 19, with its convolutions and poolings
-    float32 (a warning says so)."""
-    wanted = island_opset(high_precision)
-    if wanted > PRECISION_OPSET:
-        try:
-            return io.raise_opset(model, wanted, why=f"{high_precision} convolutions and poolings")[0]
-        except QdqError as e:
-            report.warnings.append(f"{e.problem}; the ops whose opset-{PRECISION_OPSET} schema has no {high_precision} "
-                                   f"(Conv, pooling) stay float32 behind Casts")
-    return io.raise_opset(model, PRECISION_OPSET, why=f"{high_precision} Q/DQ scales")[0]
-
-
-def _at_precision_opset(loaded: io.Loaded, provenance: dict, high_precision: str,
-                        report: InsertReport) -> io.Loaded:
-    """The graph at the opset the islands need (passes.precision.island_opset: 19 for their scales,
-    22 for BF16 convolutions and poolings), converted in memory (io.raise_graph_opset) for 19; where
-    that cannot be done, or for 22, the exported model is converted and read back (a copy: `loaded`
-    keeps its opset then)."""
-    with step("opset"):
-        # a float tensor of unknown type would take the type inference finds on reading back, and
-        # the retyping reads types: such a graph takes the way through the exported model
-        typed = all(t.dtype is not None for t in loaded.graph.tensors().values()
-                    if isinstance(t, gs.Variable) and t.inputs)
-        if typed and island_opset(high_precision) == PRECISION_OPSET and io.raise_graph_opset(loaded.graph, PRECISION_OPSET):
-            return loaded
-    with step("export"):
-        model = io.to_model(loaded, provenance, tidy=False)           # insert_qdq left it tidy
-        _free_if_large(loaded)
-    with step("opset"):
-        model = _raise_for_islands(model, high_precision, report)
-    with step("import"):
-        return io.load(model, check=False)
-
-
-def _check(model: proto.ModelProto, what: str) -> None:
-    try:
-        io.check(model)
-    except proto.CHECK_ERRORS as e:
-        raise InvariantError(f"the {what} model fails the ONNX checker: {str(e).splitlines()[0]}") from e
-
-
-def _check_raised(model: proto.ModelProto, high_precision: str, report: InsertReport) -> None:
-    """The checker on the opset-19 model. Newer shape inference can prove a declared output shape
-    wrong that the model's own opset let pass (an exporter's stale declaration, say); then the
-    output shapes are left to inference, with a warning, and the check runs again."""
-    try:
-        io.check(model)
-        return
-    except proto.CHECK_ERRORS as e:
-        first = str(e).strip().splitlines()[0]
-        declared = [o for o in model.graph.output if o.type.tensor_type.HasField("shape")]
-        if not declared:
-            raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
-    del model.graph.value_info[:]                 # shapes of the old opset, re-inferred below
-    saved = {o.name: proto.empty_shape() for o in declared}
-    for o in declared:
-        saved[o.name].CopyFrom(o.type.tensor_type.shape)
-        o.type.tensor_type.ClearField("shape")
-    try:
-        inferred = proto.infer_shapes_lenient(model)
-    except proto.CHECK_ERRORS as e:
-        raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
-    model.graph.value_info.extend(inferred.graph.value_info)
-    shapes = {o.name: o.type.tensor_type for o in inferred.graph.output}
-    for o in declared:
-        found = shapes.get(o.name)
-        o.type.tensor_type.shape.CopyFrom(found.shape if found is not None and found.HasField("shape")
-                                          else saved[o.name])
-    try:
-        io.check(model)
-    except proto.CHECK_ERRORS as e:
-        raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
-    report.warnings.append(f"at opset {io.opset_of(model)} the ONNX checker rejects the declared output shapes "
-                           f"({first}); the written model declares the shapes inference finds")
 
 
 def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",

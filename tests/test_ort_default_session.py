@@ -47,9 +47,9 @@ def test_the_default_session_computes_what_the_deployment_session_does(monkeypat
     default, kept = both_sessions(out, data["x"][:4])
     assert sqnr(kept, default) >= 40
     # the model as written before: the bias on the conv, where onnxruntime's rewrite takes it
-    from qdqgraph import pipeline
+    from qdqgraph import writing
     from qdqgraph.passes.base import result
-    monkeypatch.setattr(pipeline, "bias_to_add", lambda g: result("bias_to_add", False, moved=[]))
+    monkeypatch.setattr(writing, "bias_to_add", lambda g: result("bias_to_add", False, moved=[]))
     old = qdqgraph.quantize(m, data).model
     default, kept = both_sessions(old, data["x"][:4])
     assert sqnr(kept, default) < 20

@@ -27,7 +27,8 @@ from ..errors import InvariantError, QdqError
 from ..passes.check import qdq_violations
 from ..passes.insert import Known, insert_qdq
 from ..passes.precision import HIGH_PRECISIONS
-from ..pipeline import _deploy, fewer_collections
+from ..execution.memory import fewer_collections
+from ..writing import write_model
 from ..placement import load_ruleset
 from ..placement.plan import Plan
 from ..prepare import is_real, read_data
@@ -180,7 +181,7 @@ def _types(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, high_precis
             except proto.CHECK_ERRORS as e:
                 raise InvariantError(f"the fixed model fails the ONNX checker: {str(e).splitlines()[0]}") from e
         return model, loaded
-    return _deploy(loaded, provenance, cfg.with_(high_precision=high_precision), data, report)
+    return write_model(loaded, provenance, cfg.with_(high_precision=high_precision), data, report)
 
 
 def _predict(graph, region, report: FixReport) -> tuple[dict | None, list[str]]:
