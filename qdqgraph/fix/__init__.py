@@ -132,7 +132,7 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
         report.unchanged = True
         report.tensorrt_after, report.lint_after = report.tensorrt_before, list(report.lint_before)
         original = model if proto.is_model(model) else io.read_model(model)
-        return FixResult(original, plan, report, cfg)
+        return FixResult(_dense(original, report), plan, report, cfg)
     with report.stage("insert"):
         inserted = insert_qdq(loaded.graph, plan, {}, weights="qdq" if facts.qdq_weights else "int8",
                               fmt=cfg.format, known=choice.known)
@@ -192,3 +192,18 @@ def _predict(graph, region, report: FixReport) -> tuple[dict | None, list[str]]:
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); please report this")
         return None, []
+
+
+def _dense(model: proto.ModelProto, report: FixReport) -> proto.ModelProto:
+    """The model as it was, but with sparse initializers stored dense: the full ONNX checker and
+    TensorRT's parser take no sparse initializer (a copy; the caller's model is left alone)."""
+    if not any(len(g.sparse_initializer) for g in (model.graph, *io.subgraphs(model.graph))) and not any(
+            a.HasField("sparse_tensor") for n in model.graph.node for a in n.attribute):
+        return model
+    copy = proto.ModelProto()
+    copy.CopyFrom(model)
+    names = io.densify_sparse(copy)
+    report.warnings.append(f"the model is written as it was, with its sparse initializer(s) stored dense "
+                           f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): the full ONNX checker "
+                           f"and TensorRT's parser take none")
+    return copy
