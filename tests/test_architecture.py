@@ -192,8 +192,8 @@ def _function_level_imports(path: Path) -> list[int]:
 
 def test_imports_at_module_level():
     """Imports sit at the top of a module, where the architecture check and a reader see them; a
-    function imports only an optional dependency (Ray, Pillow, tqdm, a TensorRT) or a heavy one it
-    alone needs. At most MAX_FUNCTION_LEVEL_IMPORTS in the tool."""
+    function imports an optional dependency (Ray, Pillow, tqdm, a TensorRT, PyTorch) or one it alone
+    needs. At most MAX_FUNCTION_LEVEL_IMPORTS in the tool."""
     found = {f"{name}:{line}" for name, path in modules().items() if not name.startswith("qdqgraph.testing")
              for line in _function_level_imports(path)}
     assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, sorted(found)
