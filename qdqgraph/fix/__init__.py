@@ -197,8 +197,7 @@ def _predict(graph, region, report: FixReport) -> tuple[dict | None, list[str]]:
 def _dense(model: proto.ModelProto, report: FixReport) -> proto.ModelProto:
     """The model as it was, but with sparse initializers stored dense: the full ONNX checker and
     TensorRT's parser take no sparse initializer (a copy; the caller's model is left alone)."""
-    if not any(len(g.sparse_initializer) for g in (model.graph, *io.subgraphs(model.graph))) and not any(
-            a.HasField("sparse_tensor") for n in model.graph.node for a in n.attribute):
+    if not io.has_sparse(model.graph):
         return model
     copy = proto.ModelProto()
     copy.CopyFrom(model)

@@ -285,7 +285,7 @@ def load(path_or_model: str | os.PathLike | onnx.ModelProto, check: bool = True,
             model = _copy(model)
         model, inlined = inline_functions(model)
         repairs += inlined
-    if _has_sparse(model.graph):
+    if has_sparse(model.graph):
         if path is None and not repairs:            # the caller's model stays as it was
             model = _copy(model)
         repairs += densify_sparse(model)
@@ -354,7 +354,8 @@ def _graphs(g: onnx.GraphProto):
                 yield from _graphs(sub)
 
 
-def _has_sparse(g: onnx.GraphProto) -> bool:
+def has_sparse(g: onnx.GraphProto) -> bool:
+    """Whether `g` or a subgraph holds a sparse initializer or a Constant of a sparse value."""
     return any(sub.sparse_initializer or any(a.HasField("sparse_tensor") for n in sub.node for a in n.attribute)
                for sub in _graphs(g))
 

@@ -17,17 +17,28 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _BFLOAT16_CODE = 16          # TensorProto.BFLOAT16, where graphsurgeon keeps the code
 
 
-def is_float_dtype(dtype) -> bool:
-    """float16/32/64 and bfloat16 (BF16 islands compute in it); float8 is a quantized type, not float."""
-    if dtype is None:
+def is_bfloat16_dtype(dtype) -> bool:
+    """bfloat16, as ml_dtypes' numpy type or as the ONNX type number graphsurgeon may keep."""
+    if dtype is None or isinstance(dtype, bool):
         return False
-    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+    if isinstance(dtype, (int, np.integer)):
         return int(dtype) == _BFLOAT16_CODE
     try:
-        d = np.dtype(dtype)
+        return np.dtype(dtype) == _BFLOAT16
     except TypeError:
         return False  # other onnx-only dtypes have no numpy dtype
-    return d == _BFLOAT16 or np.issubdtype(d, np.floating)
+
+
+def is_float_dtype(dtype) -> bool:
+    """float16/32/64 and bfloat16 (BF16 islands compute in it); float8 is a quantized type, not float."""
+    if is_bfloat16_dtype(dtype):
+        return True
+    if dtype is None or isinstance(dtype, (bool, int, np.integer)):
+        return False
+    try:
+        return bool(np.issubdtype(np.dtype(dtype), np.floating))
+    except TypeError:
+        return False  # other onnx-only dtypes have no numpy dtype
 
 
 class GraphView:

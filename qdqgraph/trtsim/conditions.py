@@ -14,7 +14,7 @@ from ..graph import attention
 from ..precisions.formats import FOUR_BIT_TYPES, ZERO_POINT_TYPES
 from ..ops import attr_str, inference_no_op, nearest_resize
 from ..graph.pointwise import region_from
-from ..graph.view import is_float_dtype
+from ..graph.view import is_bfloat16_dtype
 from ..rulebook.match import Conditions, Context, Match, hit, miss
 from ..rulebook.match import op_matches as _op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
@@ -139,7 +139,7 @@ def c_outputs_not_bf16(ctx, node, arg):
     """No used output is bfloat16 (a BF16 island's op)."""
     for o in node.outputs:
         t = ctx.graph.tensors.get(o)
-        if o and ctx.graph.consumers(o) and t is not None and _is_bf16(t.dtype):
+        if o and ctx.graph.consumers(o) and t is not None and is_bfloat16_dtype(t.dtype):
             return miss(f"output {o} is bfloat16")
     return hit()
 
@@ -573,7 +573,3 @@ def c_attention_int8(ctx, node, arg):
     if len(after) != 1 or after[0].role != Q:
         return miss(f"the output of {block.softmax.name} is not quantized right after it")
     return hit()
-
-
-def _is_bf16(dtype) -> bool:
-    return dtype is not None and is_float_dtype(dtype) and not np.issubdtype(np.dtype(dtype), np.floating)

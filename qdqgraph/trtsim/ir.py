@@ -12,25 +12,17 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 import onnx_graphsurgeon as gs
 
 from ..ops import Vocabulary, vocabulary
-from ..graph.view import GraphView, is_float_dtype, subgraph_reads
+from ..graph.view import GraphView, is_bfloat16_dtype, is_float_dtype, subgraph_reads
 from .branches import through_branches
 import heapq
 from ..graph import io
 
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
-
-
-def _is_bfloat16(dtype) -> bool:
-    try:
-        return np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16)
-    except TypeError:
-        return False
 
 
 @lru_cache(maxsize=1 << 16)
@@ -283,11 +275,11 @@ class SimGraph:
         t = self.tensors.get(tensor)
         if t is None or t.dtype is None or self.is_int8(tensor):
             return True
-        return is_float_dtype(t.dtype) or _is_bfloat16(t.dtype)   # BF16 islands carry data too
+        return is_float_dtype(t.dtype)   # BF16 islands carry data too
 
     def float_constant_inputs(self, node: SNode) -> list[str]:
         return [t for t in node.inputs if t and (s := self.tensors.get(t)) is not None
-                and s.value is not None and (is_float_dtype(s.value.dtype) or _is_bfloat16(s.value.dtype))]
+                and s.value is not None and is_float_dtype(s.value.dtype)]
 
     def is_int8(self, tensor: str) -> bool:
         """Does the tensor hold INT8 data in the simulated engine?"""
@@ -309,7 +301,7 @@ class SimGraph:
         dtype = t.dtype if t is not None else None
         if p is not None and p.role == DQ and p.qp is not None:
             dtype = p.qp.float_dtype
-        if dtype is not None and _is_bfloat16(dtype):
+        if is_bfloat16_dtype(dtype):
             return "bf16"
         return "fp16" if dtype is not None and np.dtype(dtype) == np.float16 else "fp32"
 
