@@ -368,6 +368,17 @@ def test_41_engine_shapes_are_checked_before_any_work(tmp_path, capsys, monkeypa
             words, folder=tmp_path)
 
 
+
+def test_41_engine_shapes_of_a_corrupt_model_are_one_line(tmp_path, capsys, monkeypatch):
+    """The shapes check reads the model's inputs first: a file that is no ONNX model is the same one
+    line as without --engine, exit 2 (was: an internal error, exit 1, from the protobuf decoder)."""
+    from qdqgraph.cli import build
+    monkeypatch.setattr(build, "check_engine_args", lambda args: None)
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("not a model")
+    refused(capsys, ["insert", bad, "--calib", "random", "--engine", tmp_path / "m.plan", "--shapes", "x:1x3",
+                     "-o", tmp_path / "q.onnx"], "is not a readable ONNX model", folder=tmp_path)
+
 # ------------------------------------------- 42. the API's checks speak keyword arguments, the CLI flags
 
 API_CASES = [(dict(percentile=0), "percentile= must be above 0", "--percentile must be above 0"),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..graph import io, outputs, proto
+from ..graph import io, outputs
 from ..errors import QdqError
 from ..precisions.registry import precision
 from . import args as a
@@ -162,7 +162,7 @@ def check_shapes(args, config) -> None:
     if not any(getattr(args, d) for d in ("shapes", "min_shapes", "opt_shapes", "max_shapes")):
         return
 
-    graph = proto.load_bare(str(args.model)).graph
+    graph = io.read_model(args.model, external_data=False).graph      # a bad file: one line, exit 2
     weights = {i.name for i in graph.initializer}
     specs = []
     for v in graph.input:

@@ -113,11 +113,12 @@ def require_model_file(path) -> Path:
     return p
 
 
-def read_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Read an ONNX file with its external data, or raise a QdqError that says what is wrong."""
+def read_model(path: str | os.PathLike, external_data: bool = True) -> onnx.ModelProto:
+    """Read an ONNX file with its external data, or raise a QdqError that says what is wrong.
+    `external_data=False`: the graph alone, for a look at its inputs (the checker then runs later)."""
     p = require_model_file(path)
     try:
-        model = onnx.load(str(p), load_external_data=True)
+        model = onnx.load(str(p), load_external_data=external_data)
     except PermissionError as e:        # the model, or its external data
         raise QdqError(f"cannot read {e.filename or p}: permission denied", "check the file's permissions") from e
     except Exception as e:  # protobuf raises DecodeError, onnx raises ValidationError or OSError
@@ -127,7 +128,8 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.graph.node:
         raise QdqError(f"{p} holds no graph nodes: it is not an ONNX model, or it is empty",
                        "pass a .onnx file exported by your framework")
-    validate(model, str(p))
+    if external_data:
+        validate(model, str(p))
     return model
 
 
