@@ -33,9 +33,6 @@ EXPECTED_TESTS: list[tuple[str, str]] = [
      "silero_vad_op15: this check builds with one profile made from random samples, where the model's state "
      "comes out 0 long ('Reshaping [1,128,0] to [1,128]'); tests/test_engines.py builds its quantized outputs on "
      "the calibration data's shapes, and they build there; the float model builds nowhere (its COMPILER_FAILS)"),
-    (r"test_attacker_messages\.py::test_35_int4_of_a_gemv",
-     "INT4 of a 64x1 GEMV weight, forced with --include-node against P10-gemv: TensorRT for RTX 1.7's parser "
-     "rejects its blocked scale ('ScaleMode is illegal'); qdqgraph does not refuse it yet"),
 ]
 
 

@@ -118,10 +118,16 @@ def test_35_int4_of_a_gemv_says_why_and_what_to_do(tmp_path, capsys):
     line = refused(capsys, ["insert", mp, *INT4, "-o", tmp_path / "q.onnx"], "excluded as a GEMV by P10-gemv",
                    "no Tensor Core kernel", "--include-node 'gemv'", folder=tmp_path)
     assert "no MatMul or Gemm weight to quantize" not in line        # the weight exists
-    rc, _, err = _run(capsys, ["insert", mp, *INT4, "--block-size", "64", "--include-node", "gemv",
+    # forced, in one block of 64: a one-value scale, which TensorRT's parser rejects; refused, not written
+    line = refused(capsys, ["insert", mp, *INT4, "--block-size", "64", "--include-node", "gemv",
+                            "-o", tmp_path / "q.onnx"], "64x1 weight w in blocks of 64", "a scale of 1 value",
+                   "ScaleMode is illegal", "--block-size 32", folder=tmp_path)
+    rc, _, err = _run(capsys, ["insert", mp, *INT4, "--block-size", "32", "--include-node", "gemv",
                                "-o", tmp_path / "q.onnx"])
     assert rc == 0, err                                               # the advice works
-    assert any(n.op_type == "DequantizeLinear" for n in onnx.load(str(tmp_path / "q.onnx")).graph.node)
+    written = onnx.load(str(tmp_path / "q.onnx")).graph
+    assert any(n.op_type == "DequantizeLinear" for n in written.node)
+    assert [list(i.dims) for i in written.initializer if i.name.endswith("_scale_fp16")] == [[2, 1]]
 
 
 def test_35_int4_names_the_users_exclusion_and_the_absence_of_gemms(tmp_path, capsys):

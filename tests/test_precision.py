@@ -316,3 +316,21 @@ def test_every_precision_has_a_record_and_a_format_or_is_weight_only():
     assert label(None) == "INT8"
     with pytest.raises(qdqgraph.QdqError, match="unknown precision 'nvfp4'"):
         precision("nvfp4")
+
+
+def test_a_record_field_the_file_may_leave_out_takes_its_default_and_is_type_checked(tmp_path, monkeypatch):
+    """min_scale_values: INT4's blocked scales must hold 2 values to parse in TensorRT (the file says
+    so); precisions that do not say take 1; a wrong type is the usual damaged-file error."""
+    from qdqgraph.precisions import registry
+    assert registry.precision("int4").min_scale_values == 2
+    assert registry.precision("int8").min_scale_values == 1
+    text = registry.bundled(registry.FILE).read_text().replace("min_scale_values = 2", 'min_scale_values = "2"')
+    (tmp_path / registry.FILE).write_text(text)
+    monkeypatch.setattr(registry, "bundled", lambda name: tmp_path / name)
+    registry.precisions.cache_clear()
+    try:
+        with pytest.raises(qdqgraph.QdqError, match=r"has a wrong type in \['min_scale_values'\]"):
+            registry.precisions()
+    finally:
+        monkeypatch.undo()
+        registry.precisions.cache_clear()

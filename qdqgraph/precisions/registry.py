@@ -14,6 +14,7 @@ from ..rulebook.files import bundled, read_rule_file
 FILE = "precisions.toml"
 _FIELDS = {"label": str, "opset": int, "opset_why": str, "method": str, "placement": str, "weights_only": bool,
            "bits": int}
+_OPTIONAL = {"min_scale_values": (int, 1)}      # field: (type, value when the table leaves it out)
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class Precision:
     placement: str        # its placement file read over placement.toml ("" = none)
     weights_only: bool    # activations stay float
     bits: int
+    min_scale_values: int = 1   # fewest values a weight's (blocked) scale may hold and still parse in TensorRT
 
 
 @lru_cache(maxsize=1)
@@ -36,10 +38,12 @@ def precisions() -> dict[str, Precision]:
     for name, table in rf.data.items():
         missing = [k for k in _FIELDS if k not in table]
         wrong = [k for k, t in _FIELDS.items() if k in table and type(table[k]) is not t]
+        wrong += [k for k, (t, _) in _OPTIONAL.items() if k in table and type(table[k]) is not t]
         if missing or wrong:
             raise QdqError(f"{rf.source}: precision {name!r} lacks {missing} or has a wrong type in {wrong}",
                            "reinstall qdqgraph (its bundled rule files are damaged)")
-        out[name] = Precision(name, **{k: table[k] for k in _FIELDS})
+        optional = {k: table.get(k, default) for k, (_, default) in _OPTIONAL.items()}
+        out[name] = Precision(name, **{k: table[k] for k in _FIELDS}, **optional)
     return out
 
 

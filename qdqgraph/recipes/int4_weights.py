@@ -54,6 +54,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph import io, proto
+from ..precisions.registry import precision
 from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..errors import QdqError, option
@@ -216,6 +217,27 @@ def _check_divisible(found: list[tuple[Target, gs.Node]], block_size: int) -> No
                f"{exclude + ', or ' if exclude else ''}use {option('precision', 'int8')} or fp8")
     raise QdqError(f"{bad[0].node}: K={bad[0].k} (weight {bad[0].weight}) is not divisible by the INT4 block size "
                    f"{block_size}{more}", fix)
+
+
+def _check_scale_values(found: list[tuple[Target, gs.Node]], block_size: int) -> None:
+    """A QdqError naming the first target whose blocked scale ((K / block_size) x N values) holds
+    fewer values than TensorRT's parser takes (rules/precisions.toml, int4.min_scale_values: a
+    one-column weight in a single block), and the block sizes that give it enough."""
+    least = precision("int4").min_scale_values
+    bad = [t for t, _ in found if (t.k // block_size) * t.n < least]
+    if not bad:
+        return
+    t = bad[0]
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    enough = [b for b in block_sizes_for([x.k for x, _ in found]) + [b for b in range(block_size // 2, 1, -2)]
+              if b < block_size and all((x.k // b) * x.n >= least for x in bad)
+              and all(x.k % b == 0 for x, _ in found)]
+    fixes = [f"use {option('block_size', enough[0])}"] if enough else []
+    names = "|".join(re.escape(x.node) for x in bad[:3]) + ("|..." if len(bad) > 3 else "")
+    fixes.append(f"exclude it ({option('exclude_nodes', repr(names), literal=False)})")
+    raise QdqError(f"{t.node}{more}: its {t.k}x{t.n} weight {t.weight} in blocks of {block_size} has a scale of "
+                   f"{(t.k // block_size) * t.n} value, and TensorRT's ONNX parser rejects a blocked scale of "
+                   f"fewer than {least} ('ScaleMode is illegal')", ", or ".join(fixes))
 
 
 # ---------------------------------------------------------------------------- activations
@@ -484,6 +506,7 @@ def quantize_int4_weights(loaded: io.Loaded, *, block_size: int = 128, method: s
         else:
             skipped[t.node] = f"a {dtype} weight: DequantizeLinear writes float32 or float16 here"
     _check_divisible(found, block_size)
+    _check_scale_values(found, block_size)
     rows: dict[str, np.ndarray] = {}
     scalings: dict[str, Scaling] = {}
     if method == "awq" and found:
