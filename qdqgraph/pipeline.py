@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 from pathlib import Path
 import time
 
@@ -63,6 +63,10 @@ class Result:
     plan: Plan
     report: InsertReport
     config: QuantizeConfig | None = None
+    # the float model's outputs on the first calibration samples, where the run computed them (the
+    # fidelity recipes' reference): `qdqgraph insert --verify` compares against them instead of
+    # running the float model again (execution.evaluate.compare's `reference`)
+    reference: Any = field(default=None, repr=False, compare=False)
 
 
 def _asked_data(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
@@ -141,6 +145,7 @@ class _Run:
     means: dict | None = None        # bias correction's input means
     inserted: object = None          # the fallback's inserted trial, when it made one
     measured_: bool | None = None
+    reference: object = None         # the fidelity recipes' float outputs, kept for --verify
 
     @property
     def real(self) -> CalibrationData | None:
@@ -272,8 +277,8 @@ def _fallback_step(run: _Run) -> None:
 
 def _fidelity_step(run: _Run) -> None:
     assert run.data is not None, "_measured asks for real data"
-    run.plan, run.amax, run.means = _fidelity(run.loaded, run.plan, run.amax, run.means, run.data, run.cfg,
-                                              run.report, run.progress, run.floated)
+    run.plan, run.amax, run.means, run.reference = _fidelity(run.loaded, run.plan, run.amax, run.means, run.data,
+                                                             run.cfg, run.report, run.progress, run.floated)
 
 
 # The recipes, in the order they run (each in its own report stage, where wanted)
@@ -339,7 +344,7 @@ def _finish(run: _Run) -> Result:
         report.warnings.append(little)
     _require_share(cfg, loaded, plan, report)
     _speed(final, sim, report, cfg.target, cfg.gpu)
-    return Result(model_out, plan, report, cfg)
+    return Result(model_out, plan, report, cfg, reference=run.reference)
 
 
 def _require_share(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, report: InsertReport) -> None:
@@ -606,7 +611,7 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     """The measured decisions, each on the model as it will be written, against float on the first
     FIDELITY_SAMPLES calibration samples (at least --sensitivity-samples, the sweep's): bias
     correction (auto) kept where it raises the output SQNR; the head of a fragile output kept float;
-    below --sqnr-floor, the FLOP-aware fallback. Returns (plan, amax, means)."""
+    below --sqnr-floor, the FLOP-aware fallback. Returns (plan, amax, means, the float reference)."""
     ref = fidelity.reference(loaded, data, max(cfg.sensitivity_samples, FIDELITY_SAMPLES),
                              list(cfg.providers) if cfg.providers else None)
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
@@ -630,7 +635,7 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     _, _, current = written([])
     if np.isnan(current.overall_db):
         report.fidelity = {"skipped": "the written model cannot run in onnxruntime here"}
-        return plan, amax, means
+        return plan, amax, means, ref
     out: dict = {"samples": ref.samples, "first": current.to_dict()}
     if _auto_bias(cfg) and means:
         kept_means, means = means, None          # `written` reads `means`: the model without the correction
@@ -658,7 +663,7 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     if extra:
         plan = plan_for(loaded, cfg, floated + tuple(extra))
         amax = ranges_from_cache(plan, per_tensor)[0]
-    return plan, amax, means
+    return plan, amax, means, ref
 
 
 def _fragile_heads(graph, plan: Plan, cfg: QuantizeConfig, current, flops: dict, total: float, extra: list,
