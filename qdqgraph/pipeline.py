@@ -64,8 +64,9 @@ class Result:
     report: InsertReport
     config: QuantizeConfig | None = None
     # the float model's outputs on the first calibration samples, where the run computed them (the
-    # fidelity recipes' reference): `qdqgraph insert --verify` compares against them instead of
-    # running the float model again (execution.evaluate.compare's `reference`)
+    # calibration runs' graph outputs, calib.collect.FloatOutputs, or the fidelity recipes'
+    # reference): `qdqgraph insert --verify` compares against them instead of running the float
+    # model again (execution.evaluate.compare's `reference`)
     reference: Any = field(default=None, repr=False, compare=False)
 
 
@@ -145,7 +146,7 @@ class _Run:
     means: dict | None = None        # bias correction's input means
     inserted: object = None          # the fallback's inserted trial, when it made one
     measured_: bool | None = None
-    reference: object = None         # the fidelity recipes' float outputs, kept for --verify
+    reference: object = None         # float outputs on the first samples (calibration's, the fidelity reference), for --verify
 
     @property
     def real(self) -> CalibrationData | None:
@@ -236,8 +237,8 @@ def _smooth_step(run: _Run) -> None:
 def _calibrate(run: _Run) -> None:
     """Ranges for the plan (a recipe's chosen ranges over them), then the If branches."""
     with run.report.stage("calibrate"):
-        run.amax = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache, run.cfg,
-                           run.report, run.progress)
+        run.amax, run.reference = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache,
+                                          run.cfg, run.report, run.progress)
         for rep, members in run.plan.groups().items():
             chosen = [run.overrides[t] for t in members if t in run.overrides]
             if chosen and run.calib_cache is None:
@@ -498,8 +499,9 @@ def _learn_rounding(loaded: io.Loaded, plan: Plan, amax: dict, data: Calibration
 
 
 def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: bool, calib_cache,
-            cfg: QuantizeConfig, report: InsertReport, progress) -> dict[str, float]:
-    """amax per scale group: from the cache (and the data for what it lacks), or from the data."""
+            cfg: QuantizeConfig, report: InsertReport, progress) -> tuple[dict[str, float], object]:
+    """amax per scale group: from the cache (and the data for what it lacks), or from the data;
+    and the float outputs the calibration runs computed on the first samples (real data only)."""
     if calib_cache is not None:
         amax, missing = ranges_from_cache(plan, calib_cache, can_calibrate=real)
         if missing:
@@ -508,10 +510,11 @@ def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: b
             report.samples, report.calibration_seconds = cal.samples, cal.seconds
             report.warnings.append(f"{len(missing)} of {len(plan.groups())} scale groups were not in the "
                                    f"calibration cache; calibrated them from the data ({cfg.method})")
-        return amax
+            return amax, cal.outputs
+        return amax, None
     cal = calibrate_plan(loaded, plan, data, cfg, progress)
     report.samples, report.calibration_seconds = cal.samples, cal.seconds
-    return cal.amax
+    return cal.amax, cal.outputs if real else None
 
 
 @dataclass

@@ -117,7 +117,16 @@ def test_a_reference_that_lacks_samples_or_differs_is_not_used():
     assert len(reused(measure.reference(io.load(m), other, 8), data, outs)) == 8
 
 
-def test_quantize_keeps_the_fidelity_reference_for_verify():
+@pytest.mark.parametrize("lanes,batch", [(1, 1), (2, 1), (2, 4)])
+def test_quantize_keeps_the_calibration_outputs_for_verify(lanes, batch):
+    """The calibration runs' graph outputs on the first samples (in one lane or two, one sample or
+    four a run) are the float reference verify uses: the printed comparison is that of running the
+    float model again."""
     m = motifs.residual_add(projection=True)
-    r = qdqgraph.quantize(m, motifs.sample_data(m))
-    assert (r.reference is not None) == bool(r.report.fidelity)
+    data = motifs.sample_data(m, n=10)
+    r = qdqgraph.quantize(m, data, lanes=lanes, batch_size=batch)
+    assert r.reference is not None and r.reference.samples >= 8
+    old = compare(m, r.model, calib=data, samples=8, tensors=False)
+    new = compare(m, r.model, calib=data, samples=8, tensors=False, reference=r.reference)
+    assert new.table() == old.table() and new.samples == 8
+    assert new.outputs[0].sqnr_db == pytest.approx(old.outputs[0].sqnr_db, abs=0.01)
