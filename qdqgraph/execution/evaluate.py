@@ -157,14 +157,11 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     compared, and no tensors are compared, the float model is not run again (`reused`)."""
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
     check_same_inputs(f_loaded, q_loaded, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
-    if data is None:
-        inputs = model_inputs(f_loaded.graph)
-        data = CalibrationData(read_arrays(calib, inputs, preprocess), inputs, samples)
+    data = data if data is not None else _read(f_loaded, calib, preprocess, samples)
     pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph) if tensors else []
-    outs = [t.name for t in f_loaded.graph.outputs]
-    known = reused(reference, data, outs) if not pairs else None
-    if known is not None:
-        return _against(known, q_loaded, data, outs, {t.name: t.shape for t in f_loaded.graph.outputs}, progress)
+    done = None if pairs else _against(reference, f_loaded, q_loaded, data, progress)
+    if done is not None:
+        return done
     f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
     outs = [t.name for t in f_graph.outputs]
     shapes = {t.name: t.shape for t in f_graph.outputs}
@@ -194,6 +191,11 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
                       [t_acc[f].result(f) for f, _ in pairs])
+
+
+def _read(f_loaded: io.Loaded, calib, preprocess: str | None, samples: int | None) -> CalibrationData:
+    inputs = model_inputs(f_loaded.graph)
+    return CalibrationData(read_arrays(calib, inputs, preprocess), inputs, samples)
 
 
 def reused(reference, data: CalibrationData, outs: list[str]) -> list[dict] | None:
@@ -256,9 +258,15 @@ def _rows(batch: dict, data: CalibrationData, first: int) -> tuple[int | None, l
     return (size, spans) if spans else None
 
 
-def _against(known: list[dict], q_loaded: io.Loaded, data: CalibrationData, outs: list[str], shapes: dict,
-             progress) -> Comparison:
-    """compare() with the float outputs `known` (per sample): only the quantized model runs."""
+def _against(reference, f_loaded: io.Loaded, q_loaded: io.Loaded, data: CalibrationData,
+             progress) -> Comparison | None:
+    """compare() of the outputs against the float outputs of `reference` where it holds them
+    (`reused`): only the quantized model runs. None where it does not hold them."""
+    outs = [t.name for t in f_loaded.graph.outputs]
+    shapes = {t.name: t.shape for t in f_loaded.graph.outputs}
+    known = reused(reference, data, outs)
+    if known is None:
+        return None
     q_sess = graph_session(q_loaded, purpose="comparison")
     q_inputs = {t.name for t in q_loaded.graph.inputs}
     out_acc = {o: _Acc() for o in outs}

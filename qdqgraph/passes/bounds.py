@@ -20,36 +20,25 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..graph.view import GraphView
+from ..ops import vocabulary
 
 INF = math.inf
 _ULP = 2.0 ** -23                         # float32's relative rounding step, with a factor 2 to spare
-
-# the output is bounded by the bound of the data input (input 0): selections, copies, maxima,
-# averages, and activations no larger than their input in magnitude
-_SAME = frozenset({
-    "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "GatherElements",
-    "GatherND", "Split", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "MaxPool", "AveragePool",
-    "GlobalAveragePool", "GlobalMaxPool", "ReduceMax", "ReduceMin", "ReduceMean", "Relu", "Abs", "Neg",
-    "HardSwish", "Gelu", "Dropout", "Pad", "Resize", "Upsample",
-})
-# outputs in [-1, 1] whatever the input
-_UNIT = frozenset({"Sigmoid", "Tanh", "Softmax", "HardSigmoid", "Erf", "Sin", "Cos"})
-_MAX_OF = frozenset({"Concat", "Max", "Min", "Mean"})       # bounded by the largest input bound
-_SUM_OF = frozenset({"Add", "Sub", "Sum"})
-
 
 class Bounds:
     """bound of max |x| per tensor name of `view`'s graph (inf where nothing bounds it)."""
 
     def __init__(self, view: GraphView):
         self.view = view
+        self.vocab = vocabulary()
         self.bound: dict[str, float] = {}
         for node in view.nodes:
             if (node.domain or "") not in ("", "ai.onnx"):
                 continue
             b = self._node(node)
             if b is not None and math.isfinite(b):
-                for o in (node.outputs if node.op == "Split" else node.outputs[:1]):
+                several = self.vocab.is_(node, "bound_several_outputs")
+                for o in (node.outputs if several else node.outputs[:1]):
                     if o.name:
                         self.bound[o.name] = b * (1.0 + 4 * _ULP)
 
@@ -68,51 +57,51 @@ class Bounds:
     # ------------------------------------------------------------------ per op
 
     def _node(self, node: gs.Node) -> float | None:
-        op, ins = node.op, node.inputs
+        ins, v = node.inputs, self.vocab
         if not ins:
             return None
-        if op in _SAME:
+        if v.is_(node, "bound_same"):
             return self._same(node)
-        if op in _UNIT:
+        if v.is_(node, "bound_unit"):
             return 1.0
-        if op in _MAX_OF:
+        if v.is_(node, "bound_max_of"):
             return max(self.of(t) for t in ins if t.name) if any(t.name for t in ins) else None
-        if op in _SUM_OF:
+        if v.is_(node, "bound_sum_of"):
             return sum(self.of(t) for t in ins if t.name)
-        return self._special(node)
+        if v.is_(node, "dequantize"):
+            return self._dequantize(node)
+        if v.is_(node, "weighted"):
+            return self._linear(node)
+        return self._elementwise(node)
 
     def _same(self, node: gs.Node) -> float:
         b = self.of(node.inputs[0])
-        if node.op in ("Resize", "Upsample") and node.attrs.get("mode", "nearest") not in ("nearest", "linear"):
+        if self.vocab.is_(node, "resize") and node.attrs.get("mode", "nearest") not in ("nearest", "linear"):
             return INF                    # cubic interpolation overshoots its inputs
-        if node.op == "Pad" and len(node.inputs) > 2 and node.inputs[2].name:
+        if self.vocab.is_(node, "pad") and len(node.inputs) > 2 and node.inputs[2].name:
             return max(b, self.of(node.inputs[2]))
         return b
 
-    def _special(self, node: gs.Node) -> float | None:
-        op, ins = node.op, node.inputs
-        if op == "DequantizeLinear":
-            return self._dequantize(node)
-        if op == "Mul":
+    def _elementwise(self, node: gs.Node) -> float:
+        ins, v = node.inputs, self.vocab
+        if v.is_(node, "mul"):
             return math.prod(self.of(t) for t in ins) if all(self.of(t) > 0 for t in ins) else 0.0
-        if op == "Div":
+        if v.is_(node, "div"):
             d = self.view.constant_value(ins[1])
             if d is None or d.size == 0 or not np.all(np.isfinite(d)) or float(np.min(np.abs(d))) == 0.0:
                 return INF
             return self.of(ins[0]) / float(np.min(np.abs(np.asarray(d, np.float64))))
-        if op == "Clip":
+        if v.is_(node, "bound_clip"):
             return self._clip(node)
-        if op in ("LeakyRelu", "Elu", "PRelu"):
+        if v.is_(node, "bound_slope"):
             return self._leaky(node)
-        if op in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
-            return self._linear(node)
-        if op == "LayerNormalization":
+        if v.is_(node, "layer_normalization"):
             return self._layernorm(node)
-        if op == "Cast":
+        if v.is_(node, "cast"):
             return self.of(ins[0]) if self.view.is_float(ins[0]) else INF
-        if op == "Sqrt":
+        if v.is_(node, "sqrt"):
             return math.sqrt(self.of(ins[0]))
-        if op == "Exp":
+        if v.is_(node, "exp"):
             b = self.of(ins[0])
             return math.exp(b) if b < 80 else INF
         return INF
@@ -129,9 +118,9 @@ class Bounds:
 
     def _leaky(self, node: gs.Node) -> float:
         b = self.of(node.inputs[0])
-        if node.op == "LeakyRelu":
+        if self.vocab.is_(node, "leaky_relu"):
             return b * max(1.0, abs(float(node.attrs.get("alpha", 0.01))))
-        if node.op == "Elu":
+        if self.vocab.is_(node, "elu"):
             return max(b, abs(float(node.attrs.get("alpha", 1.0))))
         return b * max(1.0, self.of(node.inputs[1]))                  # PRelu: its slope
 
@@ -161,7 +150,7 @@ class Bounds:
         if value is not None:
             return np.asarray(value, np.float64) if np.asarray(value).dtype.kind == "f" else None
         p = self.view.producer(t)
-        if p is None or p.op != "DequantizeLinear" or len(p.inputs) < 2 or "block_size" in p.attrs:
+        if p is None or not self.vocab.is_(p, "dequantize") or len(p.inputs) < 2 or "block_size" in p.attrs:
             return None
         q, scale = self.view.constant_value(p.inputs[0]), self.view.constant_value(p.inputs[1])
         zp = self.view.constant_value(p.inputs[2]) if len(p.inputs) > 2 and p.inputs[2].name else None
@@ -181,13 +170,14 @@ class Bounds:
         """Conv, ConvTranspose, MatMul, Gemm: the largest L1 norm of the weights one output sums,
         times the input's bound, plus the largest bias (or: terms x both bounds, for two activations)."""
         ins = node.inputs
-        x, w = self.of(ins[0]), self.weight(ins[1])
-        if node.op in ("Conv", "ConvTranspose"):
+        x, w = self.of(ins[0]), self.weight(ins[1]) if len(ins) > 1 else None
+        if self.vocab.is_(node, "conv"):
             if w is None or w.ndim < 2:
                 return INF
-            axes = tuple(range(1, w.ndim)) if node.op == "Conv" else (0, *range(2, w.ndim))
-            l1, terms = np.sum(np.abs(w), axis=axes), w.size // max(1, w.shape[0 if node.op == "Conv" else 1])
-        elif node.op == "MatMul":
+            out_axis = 1 if self.vocab.is_(node, "conv_transpose") else 0
+            axes = tuple(k for k in range(w.ndim) if k != out_axis)
+            l1, terms = np.sum(np.abs(w), axis=axes), w.size // max(1, w.shape[out_axis])
+        elif self.vocab.is_(node, "matmul"):
             return self._matmul(node, x, w)
         else:
             if w is None or w.ndim != 2 or int(node.attrs.get("transA", 0)):
@@ -196,14 +186,14 @@ class Bounds:
             terms = w.shape[1 if int(node.attrs.get("transB", 0)) else 0]
             l1 = l1 * abs(float(node.attrs.get("alpha", 1.0)))
         bias = self.of(ins[2]) if len(ins) > 2 and ins[2].name else 0.0
-        if node.op == "Gemm":
+        if self.vocab.is_(node, "gemm"):
             bias *= abs(float(node.attrs.get("beta", 1.0)))
         return (float(np.max(l1)) * x if l1.size else 0.0) * (1.0 + terms * _ULP) + bias
 
     def _matmul(self, node: gs.Node, x: float, w: np.ndarray | None) -> float:
         a = self.weight(node.inputs[0])
         p = self.view.producer(node.inputs[0])
-        if p is not None and p.op == "Softmax":     # rows of weights >= 0 summing to at most 1: a convex mix
+        if p is not None and self.vocab.is_(p, "softmax_only"):     # rows of weights >= 0 summing to at most 1: a convex mix
             return self.of(node.inputs[1]) * (1.0 + 2.0 ** -8)        # float32 sums of up to 2^15 terms
         if w is not None and w.ndim >= 2:            # x @ W: column sums of |W|
             return float(np.max(np.sum(np.abs(w), axis=-2))) * x * (1.0 + w.shape[-2] * _ULP)
