@@ -125,3 +125,14 @@ def test_softmax_mix_and_layernorm_bounds():
     assert 3.0 <= b.bound["mix"] < 3.1
     assert b.bound[ln] == pytest.approx(2 * math.sqrt(7) + 0.5, rel=1e-5)
     assert "l" not in b.bound
+
+
+def test_a_value_the_op_writes_itself_is_in_the_bound():
+    """Pad before opset 11 writes its `value` attribute: the bound covers it, not only the input's."""
+    g = motifs.G("pad")
+    x = g.input("x", [1, 2, 4, 4])
+    c = g.node("Clip", [x], name="clip", min=-1.0, max=1.0)
+    g.node("Pad", [c], ["y"], name="pad", pads=[0, 0, 1, 1, 0, 0, 1, 1], value=1e5)
+    g.output("y")
+    b = Bounds(GraphView(io.load(g.model(opset=10)).graph))
+    assert b.bound[c] == pytest.approx(1.0, rel=1e-5) and b.bound["y"] >= 1e5

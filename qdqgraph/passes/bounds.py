@@ -80,6 +80,10 @@ class Bounds:
             return INF                    # cubic interpolation overshoots its inputs
         if self.vocab.is_(node, "pad") and len(node.inputs) > 2 and node.inputs[2].name:
             return max(b, self.of(node.inputs[2]))
+        # a value the op writes itself: Pad's before opset 11, Resize's outside a crop
+        for written in ("value", "extrapolation_value"):
+            if written in node.attrs and (self.vocab.is_(node, "pad") or self.vocab.is_(node, "resize")):
+                b = max(b, abs(float(node.attrs[written])))
         return b
 
     def _elementwise(self, node: gs.Node) -> float:
