@@ -25,6 +25,7 @@ from .graph import attention, branches, io, proto
 from .recipes import attention_guard, output_aware, fidelity, learned_rounding
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
+from .calib.collect import KEEP_BYTES
 from .config import QuantizeConfig, config_from, DEFAULT_SQNR_FLOOR
 from .samples.data import CalibrationData
 from .errors import InvariantError, QdqError, option
@@ -278,8 +279,10 @@ def _fallback_step(run: _Run) -> None:
 
 def _fidelity_step(run: _Run) -> None:
     assert run.data is not None, "_measured asks for real data"
-    run.plan, run.amax, run.means, run.reference = _fidelity(run.loaded, run.plan, run.amax, run.means, run.data,
-                                                             run.cfg, run.report, run.progress, run.floated)
+    run.plan, run.amax, run.means, ref = _fidelity(run.loaded, run.plan, run.amax, run.means, run.data, run.cfg,
+                                                   run.report, run.progress, run.floated)
+    if run.reference is None and sum(a.nbytes for v in ref.outputs.values() for a in v) <= KEEP_BYTES:
+        run.reference = ref          # where calibration kept none (a cache): the fidelity recipes' float outputs
 
 
 # The recipes, in the order they run (each in its own report stage, where wanted)

@@ -118,7 +118,7 @@ class Collected:
 
 
 KEEP_SAMPLES = 8                 # samples whose graph outputs a calibration keeps (`insert --verify`'s default)
-KEEP_BYTES = 256 << 20           # ... while they take no more memory than this
+KEEP_BYTES = 64 << 20            # ... while they take no more memory than this (held until the run ends)
 
 
 @dataclass
