@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 from pathlib import Path
 import time
 
@@ -25,6 +25,7 @@ from .graph import attention, branches, io, proto
 from .recipes import attention_guard, output_aware, fidelity, learned_rounding
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
+from .calib.collect import KEEP_BYTES
 from .config import QuantizeConfig, config_from, DEFAULT_SQNR_FLOOR
 from .samples.data import CalibrationData
 from .errors import InvariantError, QdqError, option
@@ -63,6 +64,11 @@ class Result:
     plan: Plan
     report: InsertReport
     config: QuantizeConfig | None = None
+    # the float model's outputs on the first calibration samples, where the run computed them (the
+    # calibration runs' graph outputs, calib.collect.FloatOutputs, or the fidelity recipes'
+    # reference): `qdqgraph insert --verify` compares against them instead of running the float
+    # model again (execution.evaluate.compare's `reference`)
+    reference: Any = field(default=None, repr=False, compare=False)
 
 
 def _asked_data(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
@@ -141,6 +147,7 @@ class _Run:
     means: dict | None = None        # bias correction's input means
     inserted: object = None          # the fallback's inserted trial, when it made one
     measured_: bool | None = None
+    reference: object = None         # float outputs on the first samples (calibration's, the fidelity reference), for --verify
 
     @property
     def real(self) -> CalibrationData | None:
@@ -231,8 +238,8 @@ def _smooth_step(run: _Run) -> None:
 def _calibrate(run: _Run) -> None:
     """Ranges for the plan (a recipe's chosen ranges over them), then the If branches."""
     with run.report.stage("calibrate"):
-        run.amax = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache, run.cfg,
-                           run.report, run.progress)
+        run.amax, run.reference = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache,
+                                          run.cfg, run.report, run.progress)
         for rep, members in run.plan.groups().items():
             chosen = [run.overrides[t] for t in members if t in run.overrides]
             if chosen and run.calib_cache is None:
@@ -272,8 +279,10 @@ def _fallback_step(run: _Run) -> None:
 
 def _fidelity_step(run: _Run) -> None:
     assert run.data is not None, "_measured asks for real data"
-    run.plan, run.amax, run.means = _fidelity(run.loaded, run.plan, run.amax, run.means, run.data, run.cfg,
-                                              run.report, run.progress, run.floated)
+    run.plan, run.amax, run.means, ref = _fidelity(run.loaded, run.plan, run.amax, run.means, run.data, run.cfg,
+                                                   run.report, run.progress, run.floated)
+    if run.reference is None and sum(a.nbytes for v in ref.outputs.values() for a in v) <= KEEP_BYTES:
+        run.reference = ref          # where calibration kept none (a cache): the fidelity recipes' float outputs
 
 
 # The recipes, in the order they run (each in its own report stage, where wanted)
@@ -339,7 +348,7 @@ def _finish(run: _Run) -> Result:
         report.warnings.append(little)
     _require_share(cfg, loaded, plan, report)
     _speed(final, sim, report, cfg.target, cfg.gpu)
-    return Result(model_out, plan, report, cfg)
+    return Result(model_out, plan, report, cfg, reference=run.reference)
 
 
 def _require_share(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, report: InsertReport) -> None:
@@ -493,8 +502,9 @@ def _learn_rounding(loaded: io.Loaded, plan: Plan, amax: dict, data: Calibration
 
 
 def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: bool, calib_cache,
-            cfg: QuantizeConfig, report: InsertReport, progress) -> dict[str, float]:
-    """amax per scale group: from the cache (and the data for what it lacks), or from the data."""
+            cfg: QuantizeConfig, report: InsertReport, progress) -> tuple[dict[str, float], object]:
+    """amax per scale group: from the cache (and the data for what it lacks), or from the data;
+    and the float outputs the calibration runs computed on the first samples (real data only)."""
     if calib_cache is not None:
         amax, missing = ranges_from_cache(plan, calib_cache, can_calibrate=real)
         if missing:
@@ -503,10 +513,11 @@ def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: b
             report.samples, report.calibration_seconds = cal.samples, cal.seconds
             report.warnings.append(f"{len(missing)} of {len(plan.groups())} scale groups were not in the "
                                    f"calibration cache; calibrated them from the data ({cfg.method})")
-        return amax
+            return amax, cal.outputs
+        return amax, None
     cal = calibrate_plan(loaded, plan, data, cfg, progress)
     report.samples, report.calibration_seconds = cal.samples, cal.seconds
-    return cal.amax
+    return cal.amax, cal.outputs if real else None
 
 
 @dataclass
@@ -606,7 +617,7 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     """The measured decisions, each on the model as it will be written, against float on the first
     FIDELITY_SAMPLES calibration samples (at least --sensitivity-samples, the sweep's): bias
     correction (auto) kept where it raises the output SQNR; the head of a fragile output kept float;
-    below --sqnr-floor, the FLOP-aware fallback. Returns (plan, amax, means)."""
+    below --sqnr-floor, the FLOP-aware fallback. Returns (plan, amax, means, the float reference)."""
     ref = fidelity.reference(loaded, data, max(cfg.sensitivity_samples, FIDELITY_SAMPLES),
                              list(cfg.providers) if cfg.providers else None)
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
@@ -630,7 +641,7 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     _, _, current = written([])
     if np.isnan(current.overall_db):
         report.fidelity = {"skipped": "the written model cannot run in onnxruntime here"}
-        return plan, amax, means
+        return plan, amax, means, ref
     out: dict = {"samples": ref.samples, "first": current.to_dict()}
     if _auto_bias(cfg) and means:
         kept_means, means = means, None          # `written` reads `means`: the model without the correction
@@ -658,7 +669,7 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     if extra:
         plan = plan_for(loaded, cfg, floated + tuple(extra))
         amax = ranges_from_cache(plan, per_tensor)[0]
-    return plan, amax, means
+    return plan, amax, means, ref
 
 
 def _fragile_heads(graph, plan: Plan, cfg: QuantizeConfig, current, flops: dict, total: float, extra: list,

@@ -23,9 +23,8 @@ def write_model(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: 
     """The written model: float islands in cfg.high_precision (opset raised to 19 for their
     scales, 22 for BF16 convolutions and poolings), checked. With `data`, ops whose outputs reach
     passes.precision.RANGE_LIMIT on a few samples stay float32. `range_cache`: the ranges measured for
-    an earlier plan of the same model reused when it holds them, kept in it when empty (the fidelity
-    checks build several written models, and the ranges are a third of a large detector's insert
-    time). Returns the model and the graph it was exported from."""
+    earlier plans of the same model, reused; what this plan needs beyond them is measured and added
+    to it (the fidelity checks build several written models). Returns the model and the graph it was exported from."""
     report.add([bias_to_add(loaded.graph)])        # every onnxruntime session then computes what TensorRT does
     if cfg.high_precision == "fp32":
         with report.stage("insert"):
@@ -33,12 +32,11 @@ def write_model(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: 
             _check(model, "quantized")
         return model, loaded
     with report.stage("island ranges"):             # a run on calibration samples (rule H5)
-        if range_cache:
+        if data is not None:        # what range_cache lacks of this plan's unbounded tensors is run
+            ranges = measure_ranges(loaded, data, providers=list(cfg.providers) if cfg.providers else None,
+                                    known=range_cache)
+        elif range_cache:
             ranges = range_cache
-        elif data is not None:
-            ranges = measure_ranges(loaded, data, providers=list(cfg.providers) if cfg.providers else None)
-            if range_cache is not None:
-                range_cache.update(ranges)
         else:
             ranges = {}
             report.warnings.append(f"no calibration data: {cfg.high_precision} islands were made without "

@@ -65,3 +65,68 @@ def test_compare_cli_names_the_mis_scaled_tensor_and_writes_json(tmp_path, capsy
     assert {t["name"] for t in doc["tensors"]} >= {"relu1_out", "x"}
     assert main(["compare", str(tmp_path / "f.onnx"), str(tmp_path / "missing.onnx"), "--data",
                  str(tmp_path / "d.npz")]) == 2
+
+
+def _data(m, samples):
+    from qdqgraph.prepare import model_inputs
+    from qdqgraph.samples.data import CalibrationData, read_arrays
+    inputs = model_inputs(io.load(m).graph)
+    return CalibrationData(read_arrays(motifs.sample_data(m), inputs, None), inputs, samples)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_verify_against_the_runs_float_outputs_gives_the_numbers_of_a_float_run(batched, monkeypatch):
+    """compare() with the float outputs a run computed (the fidelity reference, one batch of 8 or
+    one sample per batch) gives the figures of running the float model again, to the printed
+    digits, and makes one session (the quantized model's) instead of two."""
+    from qdqgraph.execution import evaluate
+    from qdqgraph.recipes.fidelity import measure
+    m = motifs.residual_add(projection=True)
+    q = qdqgraph.quantize(m, motifs.sample_data(m)).model
+    data = _data(m, None)
+    if not batched:
+        monkeypatch.setattr(data, "batchable", lambda: False)
+    ref = measure.reference(io.load(m), data, 8)
+    assert len(ref.batches) == (1 if batched else 8)
+    old = compare(m, q, calib=motifs.sample_data(m), samples=8, tensors=False)
+    sessions = []
+    real = evaluate.graph_session
+    monkeypatch.setattr(evaluate, "graph_session", lambda *a, **k: sessions.append(1) or real(*a, **k))
+    new = compare(m, q, calib=motifs.sample_data(m), samples=8, tensors=False, reference=ref)
+    assert len(sessions) == 1 and new.samples == old.samples == 8
+    for a, b in zip(old.outputs, new.outputs):
+        assert a.name == b.name and a.cosine == pytest.approx(b.cosine, abs=1e-6)
+        assert a.sqnr_db == pytest.approx(b.sqnr_db, abs=0.01) and a.max_abs_error == pytest.approx(b.max_abs_error, rel=1e-3)
+    assert old.table() == new.table()
+
+
+def test_a_reference_that_lacks_samples_or_differs_is_not_used():
+    """Fewer reference samples than compared, or a reference made on other inputs: None (the
+    float model runs again)."""
+    from qdqgraph.execution.evaluate import reused
+    from qdqgraph.recipes.fidelity import measure
+    m = motifs.residual_add(projection=True)
+    outs = [o.name for o in m.graph.output]
+    data = _data(m, 8)
+    assert reused(measure.reference(io.load(m), data, 4), data, outs) is None
+    other = _data(m, 8)
+    ref = measure.reference(io.load(m), other, 8)
+    ref.batches = [{k: v + 1 for k, v in b.items()} for b in ref.batches]
+    assert reused(ref, data, outs) is None
+    assert reused(measure.reference(io.load(m), other, 8), data, ["not_an_output"]) is None
+    assert len(reused(measure.reference(io.load(m), other, 8), data, outs)) == 8
+
+
+@pytest.mark.parametrize("lanes,batch", [(1, 1), (2, 1), (2, 4)])
+def test_quantize_keeps_the_calibration_outputs_for_verify(lanes, batch):
+    """The calibration runs' graph outputs on the first samples (in one lane or two, one sample or
+    four a run) are the float reference verify uses: the printed comparison is that of running the
+    float model again."""
+    m = motifs.residual_add(projection=True)
+    data = motifs.sample_data(m, n=10)
+    r = qdqgraph.quantize(m, data, lanes=lanes, batch_size=batch)
+    assert r.reference is not None and r.reference.samples >= 8
+    old = compare(m, r.model, calib=data, samples=8, tensors=False)
+    new = compare(m, r.model, calib=data, samples=8, tensors=False, reference=r.reference)
+    assert new.table() == old.table() and new.samples == 8
+    assert new.outputs[0].sqnr_db == pytest.approx(old.outputs[0].sqnr_db, abs=0.01)

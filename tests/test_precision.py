@@ -294,8 +294,9 @@ def test_range_run_fetches_a_dq_output_only_when_it_can_reach_the_limit():
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 19)])
     x = np.array([-3e4, 1.0, 2.0, 4e4], np.float32)
     ranges = measure_ranges(io.load(model), _Feeds([{"x": x}]))
-    assert "small_dq" not in ranges                   # bound 127 x 0.01 = 1.27: never fetched
-    assert "small_y" in ranges and ranges["small_y"] == pytest.approx(1.27, rel=1e-3)
+    assert "small_dq" not in ranges                   # bound 128 x 0.01 = 1.28: never fetched
+    assert "small_y" not in ranges                    # nor the Relu of it (passes.bounds)
+    assert ranges["big_y"] == pytest.approx(127 * 2 * RANGE_LIMIT / 127, rel=1e-5)
     big_scale = 2 * RANGE_LIMIT / 127
     assert ranges["big_dq"] == pytest.approx(128 * big_scale, rel=1e-5)     # -3e4 saturates at -128
     assert ranges["big_dq"] >= RANGE_LIMIT

@@ -24,7 +24,7 @@ from ..graph import proto, io, outputs
 from .. import api_checks
 from ..execution import distributed
 from . import cache as cache_files
-from .collect import collect, default_lanes
+from .collect import FloatOutputs, collect, default_lanes
 from .methods import compute_amax
 from .states import merge_state_files, save_states
 from ..config import DEFAULT_PERCENTILE, QuantizeConfig, config_from
@@ -51,6 +51,7 @@ class Calibration:
     seconds: float = 0.0
     model_id: str = ""
     shard: str | None = None
+    outputs: FloatOutputs | None = field(default=None, repr=False)   # the graph's outputs on the first samples
 
     def per_tensor(self) -> dict[str, float]:
         return {t: self.amax[rep] for rep, members in self.groups.items() for t in members if rep in self.amax}
@@ -154,14 +155,16 @@ def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config:
     stage(progress, "calibrating", data.count)
     method = "entropy" if keep_states else config_method
     providers = list(config.providers) if config.providers else None
+    outputs = None
     if config.ray:
         states, samples, seconds = _collect_on_ray(loaded, groups, data, method, config, providers, progress)
     else:
         got = collect(loaded, groups, data, method=method, batch_size=config.batch_size, providers=providers,
                       progress=progress, lanes=config.lanes)
-        states, samples, seconds = got.states, got.samples, got.seconds
+        states, samples, seconds, outputs = got.states, got.samples, got.seconds, got.outputs
     amax = {} if keep_states else exact_ranges(plan, amax_from_states(states, config_method, config.percentile))
-    return Calibration(groups, amax, states if keep_states else None, config_method, samples, seconds)
+    return Calibration(groups, amax, states if keep_states else None, config_method, samples, seconds,
+                       outputs=outputs)
 
 
 def _collect_on_ray(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData, method: str,

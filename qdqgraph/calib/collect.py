@@ -114,6 +114,61 @@ class Collected:
     seconds: float
     runs: int = 0                      # onnxruntime runs, reruns for range growth included
     providers: list[str] = field(default_factory=list)
+    outputs: "FloatOutputs | None" = None   # the float graph's outputs on the first samples
+
+
+KEEP_SAMPLES = 8                 # samples whose graph outputs a calibration keeps (`insert --verify`'s default)
+KEEP_BYTES = 64 << 20            # ... while they take no more memory than this (held until the run ends)
+
+
+@dataclass
+class FloatOutputs:
+    """The float graph's outputs on the first samples of a calibration, as the runs computed them
+    (no run of their own): `batches` the feeds in order, `outputs` each output's value per batch,
+    `samples` how many samples they cover (execution.evaluate.reused reads them)."""
+    batches: list[dict] = field(default_factory=list)
+    outputs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    samples: int = 0
+
+
+class _Keeper:
+    """Copies of the graph outputs `names` of the runs of the first KEEP_SAMPLES samples (any
+    order, several threads), then those of the samples from 0 on without a gap."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.runs: dict[int, tuple[dict, int, list[np.ndarray]]] = {}
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def add(self, sample: int, n: int, feed: dict, out: dict) -> None:
+        if not self.names or sample >= KEEP_SAMPLES or self.bytes > KEEP_BYTES:
+            return
+        values = [np.array(out[k]) for k in self.names]
+        with self.lock:
+            self.bytes += sum(v.nbytes for v in values)
+            self.runs[sample] = (dict(feed), n, values)
+
+    def result(self) -> FloatOutputs | None:
+        if not self.names or self.bytes > KEEP_BYTES:
+            return None
+        kept = FloatOutputs(outputs={k: [] for k in self.names})
+        while kept.samples in self.runs:
+            feed, n, values = self.runs[kept.samples]
+            kept.batches.append(feed)
+            for k, v in zip(self.names, values):
+                kept.outputs[k].append(v)
+            kept.samples += n
+        return kept if kept.samples else None
+
+
+def _kept_outputs(graph: gs.Graph, fetch: dict, blocked: BlockedOutputs | None) -> list[str]:
+    """The float graph outputs whose values a run hands out as the model computes them (not a
+    graph input, not fetched in a blocked layout)."""
+    inputs = {t.name for t in graph.inputs}
+    moved = {t for t, f in fetch.items() if f is not None and blocked is not None and blocked.fetch.get(f, f) != f}
+    return [t.name for t in graph.outputs if t.name and t.name not in inputs and t.name not in moved
+            and t.dtype is not None and np.dtype(t.dtype) == np.float32]
 
 
 @dataclass
@@ -236,21 +291,25 @@ def _collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationD
     start = time.perf_counter()
     seed = _seed(data, histogram, batch_size)
 
+    keeper = None
     if compiled:
         try:
+            keeper = _Keeper(_kept_outputs(loaded.graph, fetch, blocked))
             seen, runs = _collect_raw(sess, fetch, owner, states, data.counted_batches(batch_size), progress,
-                                      blocked, seed, lanes)
+                                      blocked, seed, lanes, keeper)
         except _Padded:                  # blocked outputs with channel padding: again, in plain layout
             sess, blocked = unordered_session(shell, observed, providers, blocked=False, threads=threads)
             states = {rep: new_state(method) for rep in groups}
+            keeper = _Keeper(_kept_outputs(loaded.graph, fetch, blocked))
             seen, runs = _collect_raw(sess, fetch, owner, states, data.counted_batches(batch_size), progress,
-                                      blocked, seed, lanes)
+                                      blocked, seed, lanes, keeper)
     elif histogram:
         seen, runs = _collect_histograms(sess, probes, owner, states, data.counted_batches(batch_size), progress,
                                          data.origin() if seed is None else seed)
     else:
         seen, runs = _collect_maxima(sess, probes, owner, states, data.counted_batches(batch_size), progress)
-    return Collected(states, seen, time.perf_counter() - start, runs, list(sess.get_providers()))
+    return Collected(states, seen, time.perf_counter() - start, runs, list(sess.get_providers()),
+                     keeper.result() if keeper is not None and seen else None)
 
 
 def _tensors_and_owners(groups: dict[str, list[str]]) -> tuple[list[str], dict[str, str]]:
@@ -422,17 +481,21 @@ class _Padded(Exception):
     may be binned."""
 
 
-def _values(names, out, feed, fetch, blocked) -> dict:
+def _values(names, out, feed, fetch, blocked, keeper: _Keeper | None = None, sample: int = 0, n: int = 1) -> dict:
     """tensor -> value of one run: its outputs `out` (in the order of `names`) or, for observed
-    graph inputs, the feed. Raises _Padded if a blocked output carries padding."""
+    graph inputs, the feed. Raises _Padded if a blocked output carries padding. `keeper` copies
+    the kept graph outputs of the run of `n` samples from `sample` on."""
     out = dict(zip(names, out))
     if blocked is not None and not blocked.check(out):
         raise _Padded
+    if keeper is not None:
+        keeper.add(sample, n, feed, out)
     return {t: feed[t] if f is None else out[f] for t, f in fetch.items()}
 
 
 def _collect_raw(sess, fetch, owner, states, batches, progress,
-                 blocked: BlockedOutputs | None = None, seed: dict | None = None, lanes: int = 1) -> tuple[int, int]:
+                 blocked: BlockedOutputs | None = None, seed: dict | None = None, lanes: int = 1,
+                 keeper: _Keeper | None = None) -> tuple[int, int]:
     """Run the batches with the planned tensors as outputs, then bin them, one thread per core
     over the states (the compiled kernel releases the GIL); with `lanes` > 1, in that many lanes
     instead (`_lanes`). Measured on ResNet-50 with 2 cores, binning batch k while a two-thread
@@ -441,11 +504,13 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     `blocked`: the outputs of `unordered_session`, checked for padding before any is binned
     (raises _Padded, with no progress reported). `seed`: a sample run first, alone, to start each
     histogram's range (`RangeState.start`); the first batch's first sample does that otherwise.
+    `keeper`: copies the kept graph outputs of the first samples' runs (not the seed's).
     Returns (samples, runs)."""
     seen = runs = 0
     if blocked is not None:
         fetch = {t: None if f is None else blocked.fetch[f] for t, f in fetch.items()}
     names = [n for n in fetch.values() if n is not None]
+    names += [k for k in (keeper.names if keeper is not None else ()) if k not in names]
     by_state: dict[str, list[str]] = {}
     for t in fetch:
         by_state.setdefault(owner[t], []).append(t)
@@ -458,20 +523,20 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
         batches = iter(batches)
         if seed is None:                 # the first batch is the first sample: it starts the ranges
             for feed, n in itertools.islice(batches, 1):
-                values = _values(names, _run(sess, names, feed, 0), feed, fetch, blocked)
+                values = _values(names, _run(sess, names, feed, 0), feed, fetch, blocked, keeper, 0, n)
                 for rep, ts in by_state.items():
                     _bin_group(ts, states, rep, values, 0)
                 runs, seen = runs + 1, n
                 if progress is not None:
                     progress(n)
-        more_seen, more = _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lanes, seen)
+        more_seen, more = _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lanes, seen, keeper)
         return seen + more_seen, runs + more
     bound = _BoundOutputs(sess, names)
     workers = max(1, min(cores(), len(by_state)))
     shares = None
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for feed, n in batches:
-            values = _values(names, bound.run(feed, seen), feed, fetch, blocked)
+            values = _values(names, bound.run(feed, seen), feed, fetch, blocked, keeper, seen, n)
             runs += 1
             if shares is None:
                 shares = _shares(by_state, values, workers)
@@ -483,7 +548,8 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
     return seen, runs
 
 
-def _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lanes, first: int = 0) -> tuple[int, int]:
+def _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lanes, first: int = 0,
+           keeper: _Keeper | None = None) -> tuple[int, int]:
     """Run the batches in `lanes` threads at once, each taking the next batch, running it through
     the shared session (whose own thread count the caller divided among the lanes) and binning
     the outputs into its own blank copy of the states (their range, nothing counted); the copies
@@ -510,7 +576,7 @@ def _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lan
                     feed, n = got
                     sample = tally["seen"]
                     tally["seen"] += n
-                values = _values(names, bound.run(feed, sample), feed, fetch, blocked)
+                values = _values(names, bound.run(feed, sample), feed, fetch, blocked, keeper, sample, n)
                 for rep, ts in by_state.items():
                     _bin_group(ts, mine, rep, values, sample)
                 with lock:

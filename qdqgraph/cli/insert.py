@@ -211,9 +211,12 @@ def run(args) -> int:
         def verify():
             progress = bars(args)
             try:
+                # against the float outputs the run computed where it has them (evaluate.reused), else
+                # against the float model run again
                 print(evaluate.compare(args.model, result.model, calib=args.calib, samples=args.verify, tensors=False,
-                              preprocess=args.preprocess, progress=progress).table())
+                              preprocess=args.preprocess, progress=progress, reference=result.reference).table())
             finally:
+                result.reference = None
                 if progress is not None:
                     progress.close()
     written = write_result(result, args, out, report_path, verify)

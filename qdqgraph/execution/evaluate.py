@@ -149,15 +149,19 @@ def check_same_inputs(f_loaded: io.Loaded, q_loaded: io.Loaded, f_name: str, q_n
 
 def compare(float_model, quant_model, data: CalibrationData | None = None, calib=None,
             samples: int | None = None, tensors: bool = True, preprocess: str | None = None,
-            progress=None) -> Comparison:
+            progress=None, reference=None) -> Comparison:
     """Run both models over `data` (or `calib`, read like calibration data) and compare.
-    `progress`: see qdqgraph.execution.progress."""
+    `progress`: see qdqgraph.execution.progress. `reference`: the float outputs a quantize run
+    computed on the first calibration samples (pipeline.Result.reference: the float graph as
+    qdqgraph cleaned it, the same function up to float32 rounding); where it holds every sample
+    compared, and no tensors are compared, the float model is not run again (`reused`)."""
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
     check_same_inputs(f_loaded, q_loaded, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
-    if data is None:
-        inputs = model_inputs(f_loaded.graph)
-        data = CalibrationData(read_arrays(calib, inputs, preprocess), inputs, samples)
+    data = data if data is not None else _read(f_loaded, calib, preprocess, samples)
     pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph) if tensors else []
+    done = None if pairs else _against(reference, f_loaded, q_loaded, data, progress)
+    if done is not None:
+        return done
     f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
     outs = [t.name for t in f_graph.outputs]
     shapes = {t.name: t.shape for t in f_graph.outputs}
@@ -187,6 +191,95 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
                       [t_acc[f].result(f) for f, _ in pairs])
+
+
+def _read(f_loaded: io.Loaded, calib, preprocess: str | None, samples: int | None) -> CalibrationData:
+    inputs = model_inputs(f_loaded.graph)
+    return CalibrationData(read_arrays(calib, inputs, preprocess), inputs, samples)
+
+
+def reused(reference, data: CalibrationData, outs: list[str]) -> list[dict] | None:
+    """Per sample of `data` (one at a time): {output: float value} taken from `reference` (batches
+    of the first samples and each output's value per batch), or None where it does not hold them
+    all: too few samples, an output missing, a batch whose inputs are not the samples'. A batch of
+    several samples is cut on axis 0: the samples must be its rows in order (checked on the
+    inputs) and each output must have as many rows as the batch."""
+    if reference is None or reference.samples < data.count:
+        return None
+    found: list[dict] = []
+    for k, batch in enumerate(reference.batches):
+        if len(found) >= data.count:
+            break
+        rows = _rows(batch, data, len(found))
+        if rows is None:
+            return None
+        size, spans = rows
+        for lo, hi in spans:
+            one = {}
+            for o in outs:
+                values = reference.outputs.get(o)
+                if values is None or len(values) <= k:
+                    return None
+                value = np.asarray(values[k])
+                if size is None:
+                    one[o] = value
+                elif value.ndim and value.shape[0] == size:
+                    one[o] = value[lo:hi]
+                else:
+                    return None
+            found.append(one)
+    return found if len(found) >= data.count else None
+
+
+def _rows(batch: dict, data: CalibrationData, first: int) -> tuple[int | None, list[tuple[int, int]]] | None:
+    """(the rows of `batch`, the rows (start, stop) of each sample of `data` from `first` on it
+    holds) where it is several samples on axis 0; (None, [(0, 0)]) where it is the sample itself;
+    None where it is neither."""
+    sample = data.sample(first)
+    if batch.keys() != sample.keys():
+        return None
+    if all(np.array_equal(batch[k], v) for k, v in sample.items()):
+        return None, [(0, 0)]
+    sizes = {int(np.shape(v)[0]) if np.ndim(v) else -1 for v in batch.values()}
+    if len(sizes) != 1 or min(sizes) < 1:
+        return None
+    size = sizes.pop()
+    spans, at = [], 0
+    for i in range(first, data.count):
+        one = data.sample(i)
+        rows = {int(np.shape(v)[0]) if np.ndim(v) else -1 for v in one.values()}
+        if len(rows) != 1 or min(rows) < 1 or at + min(rows) > size:
+            break
+        n = rows.pop()
+        if not all(np.array_equal(batch[k][at:at + n], v) for k, v in one.items()):
+            return None
+        spans.append((at, at + n))
+        at += n
+    return (size, spans) if spans else None
+
+
+def _against(reference, f_loaded: io.Loaded, q_loaded: io.Loaded, data: CalibrationData,
+             progress) -> Comparison | None:
+    """compare() of the outputs against the float outputs of `reference` where it holds them
+    (`reused`): only the quantized model runs. None where it does not hold them."""
+    outs = [t.name for t in f_loaded.graph.outputs]
+    shapes = {t.name: t.shape for t in f_loaded.graph.outputs}
+    known = reused(reference, data, outs)
+    if known is None:
+        return None
+    q_sess = graph_session(q_loaded, purpose="comparison")
+    q_inputs = {t.name for t in q_loaded.graph.inputs}
+    out_acc = {o: _Acc() for o in outs}
+    stage(progress, "comparing", data.count)
+    n = 0
+    for fv, feed in zip(known, data.batches(1)):
+        qv = q_sess.run(outs, {k: v for k, v in feed.items() if k in q_inputs})
+        for o, q in zip(outs, qv):
+            if np.issubdtype(np.asarray(fv[o]).dtype, np.floating):
+                out_acc[o].add(np.asarray(fv[o]), q, _looks_like_logits(shapes[o]))
+        n += 1
+        step(progress)
+    return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq])
 
 
 def fp16_within_tolerance(fp16_vs_float: float, fp32_vs_float: float, fp16_vs_fp32: float) -> bool:
