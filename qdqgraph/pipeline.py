@@ -46,7 +46,7 @@ from .writing import write_model
 from .execution.memory import fewer_collections, free_if_large
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
-from .trtsim import lint, simulate, SimReport
+from .trtsim import simulate, simulate_and_lint, SimReport
 from .trtsim import recorded
 from .passes.strip import strip_qdq
 from .trtsim.latency import DEFAULT_GPU, speed_line
@@ -796,9 +796,7 @@ def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
     (trtsim.recorded), as report would compute them."""
     try:
         with step("quantized engine"):
-            sim = simulate(loaded.graph, target=target)
-            if written is not None:
-                _record(written, loaded, sim, target)
+            sim = _simulate(loaded, target, written)
             view = GraphView(loaded.graph)
             if precision and not any(view.vocab.is_(n, "quant") for n in view.nodes):
                 sim.quantized = label(precision)
@@ -810,17 +808,20 @@ def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
         return None
 
 
-def _record(written: proto.ModelProto, loaded: io.Loaded, sim: SimReport, target: str) -> None:
-    """`qdqgraph report`'s table, findings and JSON for the written model, into its metadata
-    (trtsim.recorded). A linter failure only leaves the model without a record: report then
-    computes it."""
+def _simulate(loaded: io.Loaded, target: str, written: proto.ModelProto | None) -> SimReport:
+    """The simulation of the written graph; with `written`, `qdqgraph report`'s table, findings and
+    JSON go into its metadata (trtsim.recorded), from one reading of the graph for both. A linter
+    failure only leaves the model without a record: report then computes it (and says what failed)."""
+    if written is None:
+        return simulate(loaded.graph, target=target)
+    try:
+        sim, found = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target)
+    except Exception:  # noqa: BLE001 - the simulation alone below raises what it has to
+        recorded.forget(written)
+        return simulate(loaded.graph, target=target)
     with step("record"):
-        try:
-            found = lint(loaded.graph, sim, region=load_ruleset(target=target).region)
-        except Exception:  # noqa: BLE001 - report computes it again, and says what failed there
-            recorded.forget(written)
-            return
         recorded.record(written, sim, found, target)
+    return sim
 
 
 def _speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, target: str = "tensorrt",

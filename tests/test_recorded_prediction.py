@@ -26,16 +26,16 @@ def written(tmp_path, capsys):
 
 
 class Counter:
-    """report's simulate, counted."""
+    """report's simulation, counted."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        real = report_cli.simulate
+        real = report_cli.simulate_and_lint
 
         def counted(*args, **kwargs):
             self.calls += 1
             return real(*args, **kwargs)
-        monkeypatch.setattr(report_cli, "simulate", counted)
+        monkeypatch.setattr(report_cli, "simulate_and_lint", counted)
 
 
 def _report(path, capsys, *extra):
@@ -108,3 +108,15 @@ def test_the_api_model_holds_the_record_of_its_own_graph():
     sim = qdqgraph.trtsim.simulate(r.model)
     assert kept.table == sim.table()
     assert json.dumps(kept.report) == json.dumps(sim.to_dict())
+
+
+def test_simulate_and_lint_is_simulate_then_lint():
+    from qdqgraph.placement import load_ruleset
+    for name in ("residual_add", "concat_of_pools", "se_block"):
+        m = motifs.ALL[name]()
+        q = qdqgraph.quantize(m, motifs.sample_data(m)).model
+        region = load_ruleset().region
+        sim, found = qdqgraph.trtsim.simulate_and_lint(q, region=region)
+        alone = qdqgraph.trtsim.simulate(q)
+        assert json.dumps(sim.to_dict()) == json.dumps(alone.to_dict()) and sim.table() == alone.table()
+        assert [str(d) for d in found] == [str(d) for d in qdqgraph.trtsim.lint(q, alone, region=region)]

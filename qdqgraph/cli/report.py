@@ -6,7 +6,7 @@ import json
 from ..graph import outputs, io
 from . import args as a
 from ..placement import load_ruleset
-from ..trtsim import lint, read_engine_report, recorded, simulate
+from ..trtsim import read_engine_report, recorded, simulate_and_lint
 from .build import comparison
 
 EXAMPLES = """examples:
@@ -61,8 +61,7 @@ def run(args) -> int:
             return 3 if args.strict and kept.lint else 0
     loaded = io.load(model, check=False)             # read_model checked it
     del model
-    sim = simulate(loaded.graph, target=target)
-    diagnostics = lint(loaded.graph, sim, region=load_ruleset(target=target).region)
+    sim, diagnostics = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target)
     print(sim.table().splitlines()[-1] if args.quiet else sim.table())
     for d in diagnostics:
         print(d)
