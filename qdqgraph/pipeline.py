@@ -52,6 +52,7 @@ from .passes.strip import strip_qdq
 from .trtsim.latency import DEFAULT_GPU, speed_line
 from .trtsim.regions import inner_reformats
 from .graph.view import GraphView
+from .ops import vocabulary
 from .api_checks import quantize as check_arguments
 from .recipes.fidelity.floor import quantized_share
 
@@ -797,8 +798,8 @@ def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
     try:
         with step("quantized engine"):
             sim = _simulate(loaded, target, written)
-            view = GraphView(loaded.graph)
-            if precision and not any(view.vocab.is_(n, "quant") for n in view.nodes):
+            vocab = vocabulary()
+            if precision and not any(vocab.is_(n, "quant") for n in loaded.graph.nodes):
                 sim.quantized = label(precision)
             report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
         return sim
