@@ -120,3 +120,14 @@ def test_simulate_and_lint_is_simulate_then_lint():
         alone = qdqgraph.trtsim.simulate(q)
         assert json.dumps(sim.to_dict()) == json.dumps(alone.to_dict()) and sim.table() == alone.table()
         assert [str(d) for d in found] == [str(d) for d in qdqgraph.trtsim.lint(q, alone, region=region)]
+
+
+def test_a_fixed_model_reports_its_own_graph(written, tmp_path, capsys):
+    """fix keeps a model's metadata: whatever record the fixed model holds must describe its graph
+    (fix drops the record when it writes a new graph; an unchanged graph keeps a valid one)."""
+    out = tmp_path / "fixed.onnx"
+    assert main(["fix", str(written), "-o", str(out), "--force"]) == 0
+    capsys.readouterr()
+    _, kept = _report(out, capsys)
+    _, fresh = _report(out, capsys, "--recompute")
+    assert kept == fresh and "INT8 FLOPs" in fresh
