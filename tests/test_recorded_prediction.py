@@ -83,9 +83,13 @@ def test_an_edited_graph_is_simulated_again(written, tmp_path, capsys, monkeypat
     assert out == fresh and out != kept
 
 
-def test_the_record_is_for_its_target_and_version(written, monkeypatch):
+def test_the_record_is_for_its_target_version_and_rules(written, monkeypatch):
     model = onnx.load(written)
     assert recorded.recorded(model, "tensorrt-rtx") is None
+    assert recorded.recorded(model, "tensorrt") is not None
+    monkeypatch.setattr(recorded, "rules_digest", lambda target: "other rules")
+    assert recorded.recorded(model, "tensorrt") is None
+    monkeypatch.undo()
     monkeypatch.setattr(recorded, "__version__", "0.0.0-other")
     assert recorded.recorded(model, "tensorrt") is None
 
