@@ -47,11 +47,13 @@ from .writing import write_model
 from .execution.memory import fewer_collections, free_if_large
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
-from .trtsim import simulate, SimReport
+from .trtsim import simulate, simulate_and_lint, SimReport
+from .trtsim import recorded
 from .passes.strip import strip_qdq
 from .trtsim.latency import DEFAULT_GPU, speed_line
 from .trtsim.regions import inner_reformats
 from .graph.view import GraphView
+from .ops import vocabulary
 from .api_checks import quantize as check_arguments
 from .recipes.fidelity.floor import quantized_share
 
@@ -336,7 +338,7 @@ def _finish(run: _Run) -> Result:
     cfg, report, loaded, plan = run.cfg, run.report, run.loaded, run.plan
     model_out, final = write_model(loaded, run.inserted["provenance"], cfg, run.real, report)   # type: ignore[index]
     with report.stage("simulate"):
-        sim = _predict(final, report, cfg.target, cfg.precision)
+        sim = _predict(final, report, cfg.target, cfg.precision, written=model_out)
     report.notes += advice.explain(loaded.graph, plan, run.real, report.tensorrt)
     why = next((d.reason for d in plan.decisions.values() if not d.quantized and (d.reason or "").startswith(NO_INT8)),
                None)
@@ -436,7 +438,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
     provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
     model_out, final = write_model(loaded, provenance, cfg, data, report)
     with report.stage("simulate"):
-        sim = _predict(final, report, cfg.target, cfg.precision)
+        sim = _predict(final, report, cfg.target, cfg.precision, written=model_out)
     _speed(final, sim, report, cfg.target, cfg.gpu)
     return Result(model_out, plan, report, cfg)
 
@@ -797,16 +799,18 @@ def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeC
 
 
 def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
-             precision: str | None = None) -> SimReport | None:
+             precision: str | None = None, written: proto.ModelProto | None = None) -> SimReport | None:
     """The simulator's prediction for the written model, into the report; returns it for the speed
     line (`_speed`). A simulator failure must not cost the user the model: it becomes a warning
     naming the error. `precision`: what the run asked for, which names a model with no Q/DQ
-    (nothing quantized) in the summary."""
+    (nothing quantized) in the summary. `written`: the model exported from `loaded`, which gets
+    the prediction and the linter's findings in its metadata for `qdqgraph report`
+    (trtsim.recorded), as report would compute them."""
     try:
         with step("quantized engine"):
-            sim = simulate(loaded.graph, target=target)
-            view = GraphView(loaded.graph)
-            if precision and not any(view.vocab.is_(n, "quant") for n in view.nodes):
+            sim = _simulate(loaded, target, written)
+            vocab = vocabulary()
+            if precision and not any(vocab.is_(n, "quant") for n in loaded.graph.nodes):
                 sim.quantized = label(precision)
             report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
         return sim
@@ -814,6 +818,22 @@ def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
                                f"written; please report this")
         return None
+
+
+def _simulate(loaded: io.Loaded, target: str, written: proto.ModelProto | None) -> SimReport:
+    """The simulation of the written graph; with `written`, `qdqgraph report`'s table, findings and
+    JSON go into its metadata (trtsim.recorded), from one reading of the graph for both. A linter
+    failure only leaves the model without a record: report then computes it (and says what failed)."""
+    if written is None:
+        return simulate(loaded.graph, target=target)
+    try:
+        sim, found = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target)
+    except Exception:  # noqa: BLE001 - the simulation alone below raises what it has to
+        recorded.forget(written)
+        return simulate(loaded.graph, target=target)
+    with step("record"):
+        recorded.record(written, sim, found, target)
+    return sim
 
 
 def _speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, target: str = "tensorrt",

@@ -14,6 +14,7 @@ from .passes.bias_add import bias_to_add
 from .passes.precision import MIN_OPSET as PRECISION_OPSET, island_opset, lower_float_islands, measure_ranges
 from .report import InsertReport
 from .samples.data import CalibrationData
+from .trtsim import recorded
 
 __all__ = ["write_model"]
 
@@ -30,6 +31,7 @@ def write_model(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: 
         with report.stage("insert"):
             model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy
             _check(model, "quantized")
+        recorded.forget(model)          # an input's prediction describes another graph
         return model, loaded
     with report.stage("island ranges"):             # a run on calibration samples (rule H5)
         if data is not None:        # what range_cache lacks of this plan's unbounded tensors is run
@@ -53,6 +55,7 @@ def write_model(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: 
                 io.refine_shapes(lowered.graph, model)
         with step("check"):
             _check_raised(model, cfg.high_precision, report)
+    recorded.forget(model)              # an input's prediction describes another graph
     return model, lowered
 
 

@@ -6,7 +6,7 @@ import json
 from ..graph import outputs, io
 from . import args as a
 from ..placement import load_ruleset
-from ..trtsim import lint, read_engine_report, simulate
+from ..trtsim import read_engine_report, recorded, simulate_and_lint
 from .build import comparison
 
 EXAMPLES = """examples:
@@ -35,6 +35,9 @@ def add(sub) -> None:
     g.add_argument("--json", metavar="FILE", help="write the simulation report as JSON")
     g.add_argument("--graph", metavar="FILE", help="write the fused-layer graph as ONNX (opens in Netron)")
     g.add_argument("--strict", action="store_true", help="exit 3 when the linter finds a problem")
+    g.add_argument("--recompute", action="store_true",
+                   help="simulate and lint the model even when it holds the prediction qdqgraph insert "
+                        "recorded for its graph (that record is used by default)")
     p.set_defaults(run=run)
 
 
@@ -45,9 +48,20 @@ def run(args) -> int:
     graph_path = plan.output(args.graph, "--graph")
     engine = read_engine_report(args.against) if args.against else None
     target = args.target or (engine.backend if engine is not None and engine.backend else "tensorrt")
-    loaded = io.load(args.model)
-    sim = simulate(loaded.graph, target=target)
-    diagnostics = lint(loaded.graph, sim, region=load_ruleset(target=target).region)
+    model = io.read_model(args.model)
+    if engine is None and not graph_path and not args.recompute:
+        kept = recorded.recorded(model, target)
+        if kept is not None:
+            print(kept.table.splitlines()[-1] if args.quiet else kept.table)
+            for line in kept.lint:
+                print(line)
+            if json_path:
+                doc = dict(kept.report, target=target)
+                outputs.write_text(json_path, json.dumps(doc, indent=1) + "\n", force=args.force)
+            return 3 if args.strict and kept.lint else 0
+    loaded = io.load(model, check=False)             # read_model checked it
+    del model
+    sim, diagnostics = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target)
     print(sim.table().splitlines()[-1] if args.quiet else sim.table())
     for d in diagnostics:
         print(d)
@@ -61,3 +75,4 @@ def run(args) -> int:
     if graph_path:
         io.save(sim.to_onnx(), graph_path, force=args.force)
     return 3 if args.strict and diagnostics else 0
+

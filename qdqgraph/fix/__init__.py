@@ -33,7 +33,7 @@ from ..placement import load_ruleset
 from ..placement.plan import Plan
 from ..prepare import is_real, read_data
 from ..execution.runtime import register_custom_ops
-from ..trtsim import lint, simulate
+from ..trtsim import lint, recorded, simulate
 from ..graph.view import GraphView
 from . import facts as fact_reader, planning
 from .report import FixReport
@@ -180,6 +180,7 @@ def _types(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, high_precis
                 io.check(model)
             except proto.CHECK_ERRORS as e:
                 raise InvariantError(f"the fixed model fails the ONNX checker: {str(e).splitlines()[0]}") from e
+        recorded.forget(model)          # the input's prediction (trtsim.recorded) describes the graph before
         return model, loaded
     return write_model(loaded, provenance, cfg.with_(high_precision=high_precision), data, report)
 

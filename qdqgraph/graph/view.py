@@ -29,8 +29,25 @@ def is_bfloat16_dtype(dtype) -> bool:
         return False  # other onnx-only dtypes have no numpy dtype
 
 
+_FLOAT_DTYPES: dict = {}     # dtype -> is_float_dtype: numpy's issubdtype costs 20 us a call
+
+
 def is_float_dtype(dtype) -> bool:
     """float16/32/64 and bfloat16 (BF16 islands compute in it); float8 is a quantized type, not float."""
+    try:
+        return _FLOAT_DTYPES[dtype]
+    except (KeyError, TypeError):           # TypeError: an unhashable value, asked each time
+        pass
+    found = _is_float_dtype(dtype)
+    try:
+        if len(_FLOAT_DTYPES) < 4096:
+            _FLOAT_DTYPES[dtype] = found
+    except TypeError:
+        pass
+    return found
+
+
+def _is_float_dtype(dtype) -> bool:
     if is_bfloat16_dtype(dtype):
         return True
     if dtype is None or isinstance(dtype, (bool, int, np.integer)):
@@ -290,6 +307,8 @@ class NamedView:
 def subgraph_reads(node: gs.Node) -> list[str]:
     """Names of tensors from outside `node` that its If/Loop/Scan bodies (at any depth) read: an
     implicit input, referred to by name inside the body (may include names of enclosing bodies)."""
+    if not any(isinstance(v, gs.Graph) for v in node.attrs.values()):
+        return []                   # no body (graphsurgeon's subgraphs() costs 10 us a node to say so)
     names: dict[str, None] = {}
 
     def scan(sub: gs.Graph) -> None:

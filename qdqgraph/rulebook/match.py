@@ -10,6 +10,7 @@ condition in order, and stops at the first that fails. Placement and the simulat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from ..errors import QdqError
@@ -106,6 +107,7 @@ class Conditions:
         return hit("; ".join(notes), **captures)
 
 
+@lru_cache(maxsize=4096)
 def parse(cond: str) -> tuple[bool, str, str]:
     """'not name:arg' -> (negated, name, arg)."""
     negated = cond.startswith("not ")

@@ -20,11 +20,11 @@ tensors by speed: `diff` compares int8 vs float unless exact=True. Layout reform
 """
 from .diff import Diff, KernelAgreement, diff, kernel_agreement
 from .engine_report import EngineLayer, EngineReport, read_engine_report
-from .lint import Diagnostic, lint
+from .lint import Diagnostic, lint, simulate_and_lint
 from .propagate import FixpointExceeded
 from .report import Layer, Port, SimReport
 from .rules import load_sim_rules
 from .simulate import simulate
 
-__all__ = ["simulate", "SimReport", "Layer", "Port", "lint", "Diagnostic", "read_engine_report", "EngineReport",
+__all__ = ["simulate", "SimReport", "Layer", "Port", "lint", "simulate_and_lint", "Diagnostic", "read_engine_report", "EngineReport",
            "EngineLayer", "diff", "Diff", "kernel_agreement", "KernelAgreement", "load_sim_rules", "FixpointExceeded"]

@@ -30,7 +30,8 @@ from .conditions import attention_block
 from .ir import DQ, OP, Q, SimGraph, SNode
 from .regions import costly_regions
 from .report import SimReport
-from .simulate import as_graph, simulate
+from .rules import load_sim_rules
+from .simulate import as_graph, simulate, simulate_graph
 
 
 @dataclass(frozen=True)
@@ -161,9 +162,24 @@ def lint(model, report: SimReport | None = None, region=None) -> list[Diagnostic
     return found
 
 
+def simulate_and_lint(model, region=None, target: str = "tensorrt") -> tuple[SimReport, list[Diagnostic]]:
+    """`simulate(model, target=target)` and `lint(model, that report, region)`, the graph read into
+    the simulator once: its findings are read before the simulation rewrites it."""
+    g = SimGraph.from_gs(as_graph(model))
+    found = _diagnostics_of(g)
+    report = simulate_graph(g, load_sim_rules(target=target))
+    if region is not None:
+        found += region_diagnostics(report, region)
+    return report, found
+
+
 def _graph_diagnostics(graph) -> list[Diagnostic]:
     """The QDQ2xx findings read from the graph alone (all but QDQ209), node by node in graph order."""
-    g = SimGraph.from_gs(graph)
+    return _diagnostics_of(SimGraph.from_gs(graph))
+
+
+def _diagnostics_of(g: SimGraph) -> list[Diagnostic]:
+    """`_graph_diagnostics` of the graph read into the simulator (read, not changed)."""
     out: list[Diagnostic] = []
     for n in g.order():
         out += [d for check in _checks_for(g, n) for d in check(g, n)]

@@ -1,0 +1,107 @@
+"""The prediction `insert` records in the model it writes, for `qdqgraph report` to print without
+loading and simulating the graph again.
+
+`insert` has already simulated the written graph (its summary and speed line) when it writes the
+model, so it keeps what `report` prints (the layer table, the linter's findings, the JSON report) in
+the model's metadata under KEY, with a digest of what the simulation read: the graph, the opset
+imports and local functions. `report` trusts the record only when that digest, the target, the
+qdqgraph version and the bundled rule files (a digest of their bytes) still match; a model edited since (by hand, by another tool, by `qdqgraph fix`,
+which keeps the metadata) is simulated again. The record is JSON, xz-compressed (preset 1: 1% of
+the file on a 10,000-node CNN, 0.06 s), in base64.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import lzma
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..rulebook.files import bundled_dir
+from ..version import __version__
+from .rules import rule_files
+
+KEY = "qdqgraph.prediction"
+FORMAT = 1
+MAX_GRAPH_BYTES = 1 << 30          # a larger graph is not serialized again for its digest
+
+
+@dataclass
+class Recorded:
+    """What `report` prints for the model: the table, the linter's lines, the JSON report."""
+    table: str
+    lint: list[str]
+    report: dict
+
+
+def digest(model) -> str | None:
+    """sha256 of what the simulation reads from `model` (a ModelProto): its graph, opset imports
+    and local functions. None for a graph too large to serialize again."""
+    if model.graph.ByteSize() > MAX_GRAPH_BYTES:
+        return None
+    h = hashlib.sha256(model.graph.SerializeToString())
+    for part in (*model.opset_import, *model.functions):
+        h.update(part.SerializeToString())
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=4)
+def rules_digest(target: str) -> str:
+    """sha256 of the bundled rule files a prediction for `target` reads: the simulator's, and the
+    top-level ones (op classes; placement's P14 rule, the linter's region check)."""
+    h = hashlib.sha256()
+    top = sorted((f for f in bundled_dir().iterdir() if f.name.endswith(".toml")), key=lambda f: f.name)
+    for f in [*rule_files(target), *top]:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def record(model, sim, diagnostics, target: str) -> bool:
+    """Keep `sim` (a SimReport of `model`'s graph) and the linter's `diagnostics` in `model`'s
+    metadata (in place, replacing an earlier record). False, and nothing recorded, when the graph
+    is too large for a digest."""
+    forget(model)
+    graph_digest = digest(model)
+    if graph_digest is None:
+        return False
+    doc = {"format": FORMAT, "version": __version__, "rules": rules_digest(target), "target": target,
+           "digest": graph_digest,
+           "table": sim.table(), "lint": [str(d) for d in diagnostics], "report": sim.to_dict()}
+    value = base64.b64encode(lzma.compress(json.dumps(doc, separators=(",", ":")).encode(), preset=1)).decode()
+    entry = model.metadata_props.add()
+    entry.key, entry.value = KEY, value
+    return True
+
+
+def forget(model) -> None:
+    """Remove the record from `model`'s metadata (in place)."""
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key != KEY]
+    if len(kept) != len(model.metadata_props):
+        del model.metadata_props[:]
+        for k, v in kept:
+            entry = model.metadata_props.add()
+            entry.key, entry.value = k, v
+
+
+def recorded(model, target: str) -> Recorded | None:
+    """The record in `model`'s metadata when it still describes the model for `target`: same
+    graph (digest), same target, same qdqgraph version and bundled rules. None otherwise (no record, an unreadable
+    one, or a model changed since it was written)."""
+    value = next((p.value for p in model.metadata_props if p.key == KEY), None)
+    if value is None:
+        return None
+    try:
+        doc = json.loads(lzma.decompress(base64.b64decode(value, validate=True)))
+    except (ValueError, lzma.LZMAError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != __version__ \
+            or doc.get("target") != target or doc.get("rules") != rules_digest(target):
+        return None
+    if doc.get("digest") != digest(model):
+        return None
+    try:
+        return Recorded(table=str(doc["table"]), lint=[str(x) for x in doc["lint"]], report=dict(doc["report"]))
+    except (KeyError, TypeError, ValueError):
+        return None

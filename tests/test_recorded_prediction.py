@@ -1,0 +1,137 @@
+"""The prediction `insert` records in the written model (trtsim.recorded) and `qdqgraph report`'s use
+of it: trusted only for the graph it was made from, the target and the qdqgraph version."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import motifs
+import qdqgraph
+from qdqgraph.cli import main
+from qdqgraph.cli import report as report_cli
+from qdqgraph.trtsim import recorded
+
+
+@pytest.fixture()
+def written(tmp_path, capsys):
+    m = motifs.residual_add(projection=True)
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src)
+    np.savez(tmp_path / "d.npz", **motifs.sample_data(m))
+    out = tmp_path / "q.onnx"
+    assert main(["insert", str(src), "--calib", str(tmp_path / "d.npz"), "-o", str(out)]) == 0
+    capsys.readouterr()
+    return out
+
+
+class Counter:
+    """report's simulation, counted."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = report_cli.simulate_and_lint
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(report_cli, "simulate_and_lint", counted)
+
+
+def _report(path, capsys, *extra):
+    code = main(["report", str(path), *extra])
+    return code, capsys.readouterr().out
+
+
+def test_report_prints_the_record_as_it_would_compute_it(written, tmp_path, capsys, monkeypatch):
+    model = onnx.load(written)
+    assert recorded.recorded(model, "tensorrt") is not None
+    count = Counter(monkeypatch)
+    code, kept = _report(written, capsys, "--json", str(tmp_path / "kept.json"))
+    assert code == 0 and count.calls == 0             # nothing simulated
+    code, fresh = _report(written, capsys, "--recompute", "--json", str(tmp_path / "fresh.json"))
+    assert code == 0 and count.calls == 1
+    assert kept == fresh and "INT8 FLOPs" in kept
+    assert (tmp_path / "kept.json").read_text() == (tmp_path / "fresh.json").read_text()
+    _, quiet = _report(written, capsys, "--quiet")
+    assert quiet.splitlines()[0] == fresh.splitlines()[-1] and count.calls == 1
+
+
+def test_an_edited_graph_is_simulated_again(written, tmp_path, capsys, monkeypatch):
+    model = onnx.load(written)
+    qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    # the graph changes, the metadata (with the old record) stays: a rename of a Q's input would be
+    # as good; here the first Q is bypassed, so its consumers read the float tensor
+    q = qs[0]
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q.output[0])
+    for n in model.graph.node:
+        for i, t in enumerate(n.input):
+            if t == dq.output[0]:
+                n.input[i] = q.input[0]
+    model.graph.node.remove(dq)
+    model.graph.node.remove(q)
+    edited = tmp_path / "edited.onnx"
+    onnx.save(model, edited)
+    assert any(p.key == recorded.KEY for p in onnx.load(edited).metadata_props)
+    assert recorded.recorded(onnx.load(edited), "tensorrt") is None
+    count = Counter(monkeypatch)
+    _, kept = _report(written, capsys)
+    assert count.calls == 0
+    _, out = _report(edited, capsys)
+    assert count.calls == 1                            # the record no longer describes the graph
+    _, fresh = _report(edited, capsys, "--recompute")
+    assert out == fresh and out != kept
+
+
+def test_the_record_is_for_its_target_version_and_rules(written, monkeypatch):
+    model = onnx.load(written)
+    assert recorded.recorded(model, "tensorrt-rtx") is None
+    assert recorded.recorded(model, "tensorrt") is not None
+    monkeypatch.setattr(recorded, "rules_digest", lambda target: "other rules")
+    assert recorded.recorded(model, "tensorrt") is None
+    monkeypatch.undo()
+    monkeypatch.setattr(recorded, "__version__", "0.0.0-other")
+    assert recorded.recorded(model, "tensorrt") is None
+
+
+def test_a_damaged_record_is_ignored(written):
+    model = onnx.load(written)
+    for p in model.metadata_props:
+        if p.key == recorded.KEY:
+            p.value = "not base64 %%%"
+    assert recorded.recorded(model, "tensorrt") is None
+    recorded.forget(model)
+    assert not any(p.key == recorded.KEY for p in model.metadata_props)
+
+
+def test_the_api_model_holds_the_record_of_its_own_graph():
+    m = motifs.residual_add()
+    r = qdqgraph.quantize(m, motifs.sample_data(m))
+    kept = recorded.recorded(r.model, "tensorrt")
+    assert kept is not None
+    sim = qdqgraph.trtsim.simulate(r.model)
+    assert kept.table == sim.table()
+    assert json.dumps(kept.report) == json.dumps(sim.to_dict())
+
+
+def test_simulate_and_lint_is_simulate_then_lint():
+    from qdqgraph.placement import load_ruleset
+    for name in ("residual_add", "concat_of_pools", "se_block"):
+        m = motifs.ALL[name]()
+        q = qdqgraph.quantize(m, motifs.sample_data(m)).model
+        region = load_ruleset().region
+        sim, found = qdqgraph.trtsim.simulate_and_lint(q, region=region)
+        alone = qdqgraph.trtsim.simulate(q)
+        assert json.dumps(sim.to_dict()) == json.dumps(alone.to_dict()) and sim.table() == alone.table()
+        assert [str(d) for d in found] == [str(d) for d in qdqgraph.trtsim.lint(q, alone, region=region)]
+
+
+def test_a_fixed_model_reports_its_own_graph(written, tmp_path, capsys):
+    """fix keeps a model's metadata: whatever record the fixed model holds must describe its graph
+    (fix drops the record when it writes a new graph; an unchanged graph keeps a valid one)."""
+    out = tmp_path / "fixed.onnx"
+    assert main(["fix", str(written), "-o", str(out), "--force"]) == 0
+    capsys.readouterr()
+    _, kept = _report(out, capsys)
+    _, fresh = _report(out, capsys, "--recompute")
+    assert kept == fresh and "INT8 FLOPs" in fresh
