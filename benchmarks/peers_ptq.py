@@ -239,7 +239,8 @@ def quantize(tool: str, model: Path, calib: Path, out: Path, a) -> dict:
         return {"ok": ok, "seconds": wall, "error": None if ok else one_line(p.stderr or p.stdout)}
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     if not lines:
-        return {"ok": False, "seconds": wall, "error": one_line(p.stderr) or f"exit {p.returncode}"}
+        why = f"killed by signal {-p.returncode}" if p.returncode < 0 else one_line(p.stderr) or f"exit {p.returncode}"
+        return {"ok": False, "seconds": wall, "error": why}
     r = json.loads(lines[-1])
     r["wall_seconds"] = wall
     return r
@@ -351,6 +352,7 @@ def task_metrics(tool: str, names: list[str], a) -> dict:
     os.environ["QDQGRAPH_ORT_BASIC"] = "1"
     zoo_accuracy.SAFE_ORT = True
     folder = a.out / tool
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
     return zoo_accuracy.eval_models(str(a.zoo / "venv" / "bin" / "python"), a.zoo_scripts, a.zoo, names,
                                     folder / "eval.json", folder / "logs" / "eval.log", compare=folder)
 
@@ -360,7 +362,7 @@ def task_metrics(tool: str, names: list[str], a) -> dict:
 def _lowest(row: dict) -> str:
     h = row.get("holdout") or {}
     if "error" in h:
-        return h["error"][:60]
+        return h["error"][:110]
     outs = h.get("outputs") or {}
     if not outs:
         return "-"
@@ -374,11 +376,19 @@ def _metric(row: dict, tasks: dict) -> str:
     if not r or "other_task" not in r:
         return "-" if not r else one_line(r.get("other_error") or r.get("eval_error") or "-")[:60]
     k = next(k for k in r["float_task"] if k != "speech_fraction")
-    return f"{r['other_task'][k]:.3f}"
+    agree = next(iter((r.get("agreement") or {}).values()), None)
+    return f"{r['other_task'][k]:.3f}" + (f" ({agree:.3f})" if isinstance(agree, float) else "")
+
+
+def _short(error: str) -> str:
+    """The builder's reason without its fixed prefix."""
+    for prefix in ("TensorRT could not build the engine: ", "IBuilder::buildSerializedNetwork: ", "Error Code 4: "):
+        error = error.removeprefix(prefix)
+    return error[:110]
 
 
 def table(rows: list[dict], tasks: dict) -> str:
-    head = ["model", "metric (float)", "tool", "task metric", "held-out SQNR dB / cosine (lowest output)",
+    head = ["model", "metric (float)", "tool", "task metric (agreement with float)", "held-out SQNR dB / cosine (lowest output)",
             "INT8 FLOPs", "wall s", "TensorRT-RTX build"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     floats = {}
@@ -387,18 +397,19 @@ def table(rows: list[dict], tasks: dict) -> str:
             if "float_task" in r:
                 k = next(k for k in r["float_task"] if k != "speech_fraction")
                 floats[m] = f"{k} ({r['float_task'][k]:.3f})"
-    for row in rows:
+    order = {t: i for i, t in enumerate(TOOLS)}
+    for row in sorted(rows, key=lambda r: (r["model"], order.get(r["tool"], len(order)))):
         q = row.get("quantize") or {}
         if not q.get("ok"):
-            cells = [row["model"], floats.get(row["model"], "-"), row["tool"], "-", f"failed: {q.get('error')}",
+            cells = [row["model"], floats.get(row["model"], "-"), row["tool"], "-", f"failed: {q.get('error')}"[:170],
                      "-", f"{q.get('seconds', 0):.0f}", "-"]
         else:
             s = row.get("int8_flops_share")
             b = row.get("trt_rtx") or {}
             cells = [row["model"], floats.get(row["model"], "-"), row["tool"], _metric(row, tasks), _lowest(row),
-                     f"{100 * s:.1f}%" if isinstance(s, float) else str((s or {}).get("error", "-"))[:40],
+                     f"{100 * s:.1f}%" if isinstance(s, float) else "- (not loadable)",
                      f"{q.get('wall_seconds', q['seconds']):.0f}",
-                     ("builds" if b.get("ok") else f"no: {str(b.get('error'))[:150]}")
+                     ("builds" if b.get("ok") else f"no: {_short(str(b.get('error')))}")
                      + (" (qdqgraph's loader refuses the file: the ONNX checker)" if b.get("loader") else "")]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
