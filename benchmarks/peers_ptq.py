@@ -191,6 +191,7 @@ def child(tool: str, model: str, calib: str, out: str, samples: int, iters: int)
     work.mkdir(parents=True, exist_ok=True)
     data = feeds(model, calib, samples)
     r["samples"] = len(data)
+    os.chdir(work)             # Quark writes its side files (quantized_info.csv, *.data) where it runs
     t = time.perf_counter()
     try:
         model = prepare(model, work, r)
