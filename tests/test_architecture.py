@@ -221,3 +221,16 @@ def test_no_function_above_the_complexity_limit():
                 if b.complexity > MAX_COMPLEXITY:
                     over.append(f"{name}.{getattr(b, 'classname', None) or ''}{'.' if getattr(b, 'classname', None) else ''}{b.name} ({b.complexity})")
     assert over == [], over
+
+
+def test_no_file_holds_merge_conflict_markers():
+    """A merge left '<<<<<<< HEAD' ... '>>>>>>> branch' in docs/ACCURACY.md once, unnoticed."""
+    root, found = PACKAGE.parent, []
+    paths = [p for d in ("qdqgraph", "tests", "docs", "benchmarks", "rules", ".ci") for p in (root / d).rglob("*")]
+    for path in sorted(paths + [root / "README.md"]):
+        if path.suffix not in {".py", ".md", ".toml", ".sh", ".txt"} or not path.is_file():
+            continue
+        for k, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if line.startswith(("<<<<<<< ", ">>>>>>> ")):
+                found.append(f"{path.relative_to(root)}:{k}")
+    assert not found, found
