@@ -43,7 +43,7 @@ def test_the_rows_kept_are_the_stride_over_all_rows_without_holding_them():
 
 
 @pytest.mark.parametrize("rows_per_sample,budget,max_samples,available,runs", [
-    (1500, 8192, 32, 16, 6),      # Whisper's encoder: 1,500 tokens a sample, six samples reach the budget
+    (1500, 8192, 32, 16, 6),      # 1,500 tokens a sample: six samples reach a budget of 8192 rows
     (64, 8192, 32, 24, 24),       # MiniLM: 64 tokens, every sample and still under the budget
     (64, 100, 32, 24, 2),
     (10, 8192, 5, 24, 5),         # at most max_samples

@@ -46,7 +46,11 @@ CLIP_GRID = tuple(2.0 ** (-i / 2) for i in range(20))    # fractions of max|x|: 
 REFINE = 2.0 ** 0.25                                      # the best one's neighbours at this ratio
 MAX_ROWS = 512            # rows of each activation the search runs on, strided over the rows seen
 SAMPLES = 32              # calibration samples they are taken from, at most ...
-ROW_BUDGET = 8192         # ... and no more than it takes each activation to show this many rows
+# ... and no more than it takes each activation to show this many rows. Fewer samples cost the choice
+# accuracy: on Whisper tiny.en's encoder (1,500 tokens a sample) the rows of the first 6 of its 16
+# calibration samples (9,000 rows) took the written model from 25.1 to 22.0 dB output SQNR on the 16
+# held-out samples, so the budget stays above its 24,000 rows and bounds only longer inputs
+ROW_BUDGET = 32768
 PROJECT = 128             # outputs the error is measured on (a random projection of them)
 SCAN_TOP_ROWS = 1 / 16    # the grid is scanned on the rows with the largest values (this share of them)...
 SCAN_STRIDE = 8           # ... and every 8th of the others
@@ -153,8 +157,13 @@ def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, 
     def estimates(xs_scan, wq, grid):
         """The scan's error of every range of `grid` at once: one product for all of them."""
         scales = safe_scales(np.array(grid))[:, None, None]
-        q = np.clip(np.rint(xs_scan[None] / scales), -128, 127) * scales       # as _quant_act, per range
-        e = ((q.reshape(-1, q.shape[-1]) @ wq).reshape(len(grid), len(xs_scan), -1) - ref_scan).astype(np.float64)
+        q = xs_scan[None] / scales               # as _quant_act, one range per slice, in place
+        np.rint(q, out=q)
+        np.clip(q, -128, 127, out=q)
+        q *= scales
+        e = (q.reshape(-1, q.shape[-1]) @ wq).reshape(len(grid), len(xs_scan), -1)
+        e -= ref_scan
+        e = e.astype(np.float64)
         return [float(scan_weights @ row) for row in np.einsum("gij,gij->gi", e, e)]
 
     best, at_zero = None, None
