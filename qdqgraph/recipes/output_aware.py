@@ -151,8 +151,14 @@ def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, 
     scan_rows, scan_weights = _scan_rows(x)
     ref_scan = ref[scan_rows]
 
-    def error(xs, wq, amax):
-        return float(np.sum((_quant_act(xs, amax) @ wq - ref).astype(np.float64) ** 2)) / norm
+    def errors(xs, wq, ranges):
+        """The relative output error of each range, on all rows: one product for all of them."""
+        if not ranges:
+            return []
+        q = np.stack([_quant_act(xs, amax) for amax in ranges])
+        e = (q.reshape(-1, q.shape[-1]) @ wq).reshape(len(ranges), len(xs), -1)
+        e -= ref
+        return [float(np.sum(r.astype(np.float64) ** 2)) / norm for r in e]
 
     def estimates(xs_scan, wq, grid):
         """The scan's error of every range of `grid` at once: one product for all of them."""
@@ -181,16 +187,15 @@ def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, 
             keep = set(sorted(range(len(grid)), key=scan.__getitem__)[:SCAN_KEEP])
             grid = [amax for i, amax in enumerate(grid) if i in keep]
         here = None
-        for amax in grid + (list(extra) if alpha == 0 else []):
-            err = error(xs, wq, amax)
+        candidates = grid + (list(extra) if alpha == 0 else [])
+        for amax, err in zip(candidates, errors(xs, wq, candidates)):
             if here is None or err < here[1]:
                 here = (amax, err)
         assert here is not None, "CLIP_GRID is not empty"
-        for amax in (here[0] / REFINE, here[0] * REFINE):
-            if amax <= top:
-                err = error(xs, wq, amax)
-                if err < here[1]:
-                    here = (amax, err)
+        refine = [amax for amax in (here[0] / REFINE, here[0] * REFINE) if amax <= top]
+        for amax, err in zip(refine, errors(xs, wq, refine)):
+            if err < here[1]:
+                here = (amax, err)
         if best is None or here[1] < best[2]:
             best = (alpha, here[0], here[1])
         if alpha == 0:
