@@ -159,7 +159,8 @@ class _Run:
     def measured(self) -> bool:
         """Whether the fidelity recipes measure this run (decided once, before bias correction)."""
         if self.measured_ is None:
-            self.measured_ = _measured(self.cfg, self.calib, self.data, self.loaded) and bool(self.plan.activation_sites())
+            self.measured_ = bool(self.plan.activation_sites()) and _measured(self.cfg, self.calib, self.data,
+                                                                              self.loaded, self.plan)
         return self.measured_
 
 
@@ -606,12 +607,18 @@ def _auto_bias(cfg: QuantizeConfig) -> bool:
     return cfg.bias_correction is None and cfg.precision == "int8"
 
 
-def _measured(cfg: QuantizeConfig, calib, data, loaded: io.Loaded) -> bool:
+def _measured(cfg: QuantizeConfig, calib, data, loaded: io.Loaded, plan: Plan) -> bool:
     """Whether the run measures its written model to decide (bias correction auto, fragile heads
-    of a model with several outputs, the SQNR floor): real data, and one of them asked for."""
+    of a model with several outputs, the SQNR floor): real data, and one of them asked for. Fragile
+    heads alone measure only where some output has a head that could be kept float (a model whose
+    outputs all come out of one trunk, MiniLM's token states and their mean, has none)."""
     if data is None or not is_real(calib) or cfg.high_precision == "bf16":   # onnxruntime's CPU has no BF16
         return False
-    return _auto_bias(cfg) or (cfg.fragile_heads and len(loaded.graph.outputs) > 1) or cfg.sqnr_floor is not None
+    if _auto_bias(cfg) or cfg.sqnr_floor is not None:
+        return True
+    graph = loaded.graph
+    return cfg.fragile_heads and len(graph.outputs) > 1 and \
+        fidelity.may_have_heads(graph, plan, fidelity.node_flops(graph))
 
 
 def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,

@@ -102,9 +102,12 @@ def _output_aware_lines(results, ctx) -> list[str]:
         return []
     t = oa["tensors"]
     n_smoothed = sum(1 for v in t.values() if v["smoothing"] != "none")
+    rows = oa.get("rows")
+    sampled = (f"; chosen on at most {rows['rows_kept']} rows of each, strided over {rows['rows_seen']} rows of "
+               f"{rows['samples']} sample(s)") if rows else ""
     return [f"output-aware scales: {len(t)} linear-layer inputs, {n_smoothed} smoothed "
             f"({len(oa['folded'])} folded into a LayerNorm or the producing layer, "
-            f"{len(oa['multiplied'])} by an inserted Mul)"]
+            f"{len(oa['multiplied'])} by an inserted Mul){sampled}"]
 
 
 describe("output_aware", 60, lines=_output_aware_lines, fields={"output_aware": _details})
