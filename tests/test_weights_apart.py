@@ -167,15 +167,3 @@ def test_repeated_raw_data_last_wins(tmp_path):
     p.write_bytes(data)
     _, arrays = io.read_weights_apart(p)
     np.testing.assert_array_equal(arrays["w"], numpy_helper.to_array(t))
-
-
-def test_session_weights_are_not_copied_by_onnxruntime(tmp_path):
-    """Weights reach onnxruntime aligned: numpy's arrays made by a pass get an aligned copy in the graph."""
-    m = _model()
-    p = tmp_path / "m.onnx"
-    onnx.save(m, p)
-    loaded = io.load(p)
-    w = loaded.graph.tensors()["w"]
-    w.values = w.values * 2                                    # a pass's new array
-    _, weights = io.to_model_and_weights(loaded)
-    assert wire.is_aligned(weights["w"]) and loaded.graph.tensors()["w"].values is weights["w"]

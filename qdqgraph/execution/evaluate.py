@@ -158,8 +158,6 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         inputs = model_inputs(f_loaded.graph)
         data = CalibrationData(read_arrays(calib, inputs, preprocess), inputs, samples)
     pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph) if tensors else []
-    io.align_weights(f_loaded.graph)            # the copies below share the aligned buffers
-    io.align_weights(q_loaded.graph)
     f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
     outs = [t.name for t in f_graph.outputs]
     shapes = {t.name: t.shape for t in f_graph.outputs}

@@ -300,7 +300,6 @@ def _inputs_read(g: proto.GraphProto) -> set[str]:
 def float_activations(loaded: io.Loaded, names: list[str], data, samples: int, purpose: str):
     """Yield {tensor: value} of the float model's tensors `names`, one calibration sample at a time,
     for the first `samples` samples."""
-    io.align_weights(loaded.graph)              # the copy below shares the aligned buffers
     sess = graph_session(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version), purpose=purpose,
                          outputs=names)
     for k, feed in enumerate(data.batches(1)):

@@ -737,30 +737,10 @@ def fill_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx
     return full
 
 
-def aligned_copy(a: np.ndarray) -> np.ndarray:
-    """`a` in a buffer aligned as onnxruntime takes weights from memory without copying them."""
-    out = wire.aligned_empty(a.nbytes).view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
-
-
-def align_weights(graph: gs.Graph) -> None:
-    """Give the graph's large constants whose buffers onnxruntime would copy (not 64-byte aligned:
-    arrays numpy made) aligned ones, in place; before the graph is copied for a session, so that the
-    copy shares them."""
-    for t in graph.tensors().values():
-        v = getattr(t, "_values", None)
-        if isinstance(t, gs.Constant) and isinstance(v, np.ndarray) and v.nbytes >= IN_MEMORY_MIN_BYTES \
-                and v.dtype.kind in "fiu" and v.flags.c_contiguous and not wire.is_aligned(v):
-            t.values = aligned_copy(v)
-
-
 def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """`to_model` for an onnxruntime session: the graph's large constants stay out of the proto as
     stubs and come back as arrays (name -> array, the graph's own arrays, not copies). On ResNet-50
-    this skips exporting and then re-reading 100 MB of weights. A constant whose buffer onnxruntime
-    would copy (not 64-byte aligned) takes an aligned copy in the graph first (each session then held
-    the weights twice: 453 MB more on a 453 MB encoder)."""
+    this skips exporting and then re-reading 100 MB of weights."""
     swapped, arrays = [], {}
     for t in loaded.graph.tensors().values():
         v = getattr(t, "_values", None)
@@ -774,8 +754,6 @@ def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.
             continue
         if data_type not in _IN_MEMORY_TYPES:
             continue
-        if not wire.is_aligned(a):          # onnxruntime would copy it; the graph keeps the aligned copy
-            a = v = aligned_copy(a)
         arrays[t.name] = a
         swapped.append((t, v))
         t._values = gs.ir.tensor.LazyValues(_stub(t.name, data_type, a.shape, a.nbytes))
