@@ -206,7 +206,8 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
 
     def plain():
         return session(model, providers, purpose, weights=weights, opts=_options(spin=False, threads=threads))
-    if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"]:
+    if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"] \
+            or not _may_block(loaded):
         return plain(), same
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
         # onnxruntime optimizes the graph and writes the result (weights in a file beside it); any
@@ -233,6 +234,17 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
                 return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]), found
         except Exception:
             return plain(), same
+
+
+# Ops onnxruntime's NCHWc transformer starts a blocked region at; a graph without them has no blocked
+# outputs, and saving its optimized model (its weights written out, a transient copy of them: 453 MB
+# on a 453 MB encoder) is skipped.
+_BLOCKING_OPS = {"Conv", "MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"}
+
+
+def _may_block(loaded: io.Loaded) -> bool:
+    return any(n.op in _BLOCKING_OPS for g in (loaded.graph, *loaded.graph.subgraphs(recursive=True))
+               for n in g.nodes)
 
 
 def _drop_reorders(model: proto.ModelProto, outputs: set[str]) -> BlockedOutputs:
