@@ -73,3 +73,23 @@ def test_no_optimized_model_saved_without_conv_or_pooling(monkeypatch):
     loaded = io.load(motifs.residual_add())
     runtime.unordered_session(loaded, [loaded.graph.nodes[0].outputs[0].name])
     assert seen and seen[0].endswith("optimized.onnx")
+
+
+def test_shared_weights_session_runs_on_the_graph_arrays(monkeypatch):
+    """Past SHARE_WEIGHTS_MIN_BYTES the weights are onnxruntime shared initializers (no copy, no
+    prepacking): the outputs equal a session over the full export without prepacking."""
+    import numpy as np
+
+    monkeypatch.setattr(runtime, "SHARE_WEIGHTS_MIN_BYTES", 0)
+    monkeypatch.setattr(io, "IN_MEMORY_MIN_BYTES", 64)
+    m = motifs.attention_block()
+    loaded = io.load(m)
+    feed = {k: v[0] for k, v in motifs.sample_data(m).items()}
+    sess = runtime.graph_session(loaded)
+    weights, _ = sess._qdqgraph_weights
+    assert weights and all(a is loaded.graph.tensors()[k].values for k, a in weights.items())
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    ref = ort.InferenceSession(io.to_model(loaded).SerializeToString(), opts)
+    for a, b in zip(sess.run(None, feed), ref.run(None, feed)):
+        np.testing.assert_array_equal(a, b)
