@@ -222,7 +222,7 @@ def _external_array(t: onnx.TensorProto, base: Path) -> np.ndarray | None:
             return None
         f.seek(start)
         data = wire.aligned_empty(length)
-        if length and f.readinto(memoryview(data)) != length:
+        if length and f.readinto(data.data) != length:
             return None
         return data
 

@@ -73,7 +73,7 @@ class _Reader:
 
     def read_into(self, n: int) -> np.ndarray:
         buf = aligned_empty(n)
-        got = self.f.readinto(memoryview(buf)) if n else 0
+        got = self.f.readinto(buf.data) if n else 0
         if got != n:
             raise WireError(f"the file ends inside a tensor's data (at byte {self.pos + (got or 0)} of {self.size})")
         self.pos += n
