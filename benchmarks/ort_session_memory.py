@@ -2,16 +2,24 @@
 """What one onnxruntime session adds to resident memory over a model's weights, with and without
 its weight prepacking (and memory arena): where insert's peak on a large model comes from.
 
-    .venv/bin/python benchmarks/ort_session_memory.py MODEL.onnx CALIB.npz [default|noprepack|noprepack_noarena]
+    .venv/bin/python benchmarks/ort_session_memory.py MODEL.onnx CALIB.npz [MODE [OUTPUTS.npz]]
 
-The weights reach onnxruntime as OrtValues over the graph's own arrays, as in qdqgraph's sessions.
+MODE: default, noprepack, noprepack_noarena, shared or shared_noprepack; OUTPUTS.npz: the first
+run's outputs are saved there, to compare modes.
+
+The weights reach onnxruntime as OrtValues over the graph's own arrays, as in qdqgraph's sessions
+(add_external_initializers: onnxruntime copies them, or prepacks them into its own buffers). `shared`:
+with add_initializer instead (onnxruntime's shared initializers, used in place), the model written to
+a temporary folder beside an empty file of the stubs' location, which onnxruntime checks exists.
 Prints RSS before and after creating the session, the peak, the session's creation seconds and the
 seconds per run (batch 1, first sample).
 """
 from __future__ import annotations
 
+import os
 import resource
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -33,11 +41,23 @@ def main() -> int:
     if "noarena" in mode:
         opts.enable_cpu_mem_arena = False
     values = [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()]
-    opts.add_external_initializers(list(weights), values)
+    folder = tempfile.TemporaryDirectory()
+    if "shared" in mode:
+        for name, value in zip(weights, values):
+            opts.add_initializer(name, value)
+        source = os.path.join(folder.name, "model.onnx")
+        with open(source, "wb") as f:
+            f.write(io.session_bytes(model))
+        open(os.path.join(folder.name, io.IN_MEMORY_LOCATION), "wb").close()
+    else:
+        opts.add_external_initializers(list(weights), values)
+        source = io.session_bytes(model)
     t0 = time.perf_counter()
-    sess = ort.InferenceSession(io.session_bytes(model), opts, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
     t1 = time.perf_counter()
     feed = {k: v[0] for k, v in np.load(calib).items()}
+    if len(sys.argv) > 4:                # save the first run's outputs, to compare the modes
+        np.savez(sys.argv[4], *sess.run(None, feed))
     sess.run(None, feed)
     t2 = time.perf_counter()
     for _ in range(3):

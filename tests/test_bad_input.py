@@ -231,13 +231,22 @@ def test_4_permission_denied_says_so(model_and_data, capsys, monkeypatch, what, 
             return builtins.open(file, *a, **k)
         monkeypatch.setattr(qdqgraph.samples.data, "open", no_open, raising=False)
     else:
+        import builtins
+
+        import qdqgraph.graph.wire
         real_load = onnx.load
 
         def no_load(f, *a, **k):
             if Path(f) == target:
                 raise PermissionError(13, "Permission denied", str(f))
             return real_load(f, *a, **k)
+
+        def no_open(file, *a, **k):       # io.load reads the model file with graph/wire.py
+            if Path(file) == target:
+                raise PermissionError(13, "Permission denied", str(file))
+            return builtins.open(file, *a, **k)
         monkeypatch.setattr(onnx, "load", no_load)
+        monkeypatch.setattr(qdqgraph.graph.wire, "open", no_open, raising=False)
     line = refused(capsys, ["insert", mp, "--calib", dp, "-o", mp.parent / "q.onnx"], "permission denied",
                    target.name, folder=mp.parent)
     assert "truncated" not in line and "corrupt" not in line

@@ -8,6 +8,7 @@ error jumps can be named.
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -170,17 +171,25 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         if ft[fname] not in f_graph.outputs:
             f_graph.outputs.append(ft[fname])
         q_graph.outputs.append(qt[qname])
-    f_sess = graph_session(io.Loaded(graph=f_graph, ir_version=f_loaded.ir_version), purpose="comparison")
-    q_sess = graph_session(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version), purpose="comparison")
     f_names = outs + [f for f, _ in pairs]
     q_names = outs + [q for _, q in pairs]
     out_acc = {o: _Acc() for o in outs}
     t_acc = {f: _Acc() for f, _ in pairs}
     q_inputs = {t.name for t in q_graph.inputs}
+    f_sess = graph_session(io.Loaded(graph=f_graph, ir_version=f_loaded.ir_version), purpose="comparison")
+    f_runs = None
+    if not pairs:
+        # outputs only: the float model runs every sample first and goes before the quantized
+        # model's session is made, so that the two sessions (each holding its model's weights)
+        # are never alive at once
+        f_runs = [f_sess.run(f_names, feed) for feed in data.batches(1)]
+        del f_sess, f_graph, ft, f_loaded
+        gc.collect()
+    q_sess = graph_session(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version), purpose="comparison")
     n = 0
     stage(progress, "comparing", data.count)
-    for feed in data.batches(1):
-        fv = dict(zip(f_names, f_sess.run(f_names, feed)))
+    for i, feed in enumerate(data.batches(1)):
+        fv = dict(zip(f_names, f_runs[i] if f_runs is not None else f_sess.run(f_names, feed)))
         qv = q_sess.run(q_names, {k: v for k, v in feed.items() if k in q_inputs})  # fixed inputs are gone
         for o, q in zip(outs, qv[:len(outs)]):
             if np.issubdtype(fv[o].dtype, np.floating):

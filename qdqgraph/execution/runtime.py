@@ -120,8 +120,11 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
         if blob is not None:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
             values = [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()]
-            opts.add_external_initializers(list(weights), values)
-            sess = _inference_session(blob, opts, providers)
+            if SHARE_WEIGHTS_MIN_BYTES is not None and sum(a.nbytes for a in weights.values()) >= SHARE_WEIGHTS_MIN_BYTES:
+                sess = _shared_session(blob, weights, values, opts, providers)
+            else:
+                opts.add_external_initializers(list(weights), values)
+                sess = _inference_session(blob, opts, providers)
             sess._qdqgraph_weights = (weights, values)
             return sess
         if weights:                      # the rest is still too large for one proto: write it all out
@@ -138,6 +141,30 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
         fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + ", or --calib-cache FILE"
                if custom else "check that the model runs in onnxruntime, or pass --calib-cache")
         raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
+
+
+# onnxruntime copies every initializer handed to it with add_external_initializers, or prepacks it
+# into a buffer of its own: a session holds a second copy of the model's weights (+466 MB on a 453 MB
+# encoder, benchmarks/ort_session_memory.py). As shared initializers (add_initializer) without
+# prepacking it runs on the graph's arrays in place (+15 MB), but unpacked GEMMs round differently
+# (outputs 1e-6 apart, relative), so that calibration could move. Sessions whose weights reach this
+# many bytes take that way; None: none do.
+SHARE_WEIGHTS_MIN_BYTES: int | None = None
+
+
+def _shared_session(blob: bytes, weights: dict, values: list, opts, providers: list[str]):
+    """A session over the model `blob` whose stub initializers are onnxruntime shared initializers
+    over `weights` (no copy, no prepacking). onnxruntime checks that a stub's data file exists: the
+    model is read from a temporary folder beside an empty file of the stubs' location."""
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    for name, value in zip(weights, values):
+        opts.add_initializer(name, value)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.onnx")
+        with open(path, "wb") as f:
+            f.write(blob)
+        open(os.path.join(d, io.IN_MEMORY_LOCATION), "wb").close()
+        return _inference_session(path, opts, providers)
 
 
 # onnxruntime 1.31 (onnxruntime-gpu's newest release) refuses FP8 Q/DQ models at its extended
@@ -206,7 +233,8 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
 
     def plain():
         return session(model, providers, purpose, weights=weights, opts=_options(spin=False, threads=threads))
-    if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"]:
+    if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"] \
+            or not _may_block(loaded):
         return plain(), same
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
         # onnxruntime optimizes the graph and writes the result (weights in a file beside it); any
@@ -233,6 +261,17 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
                 return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]), found
         except Exception:
             return plain(), same
+
+
+# Ops onnxruntime's NCHWc transformer starts a blocked region at; a graph without them has no blocked
+# outputs, and saving its optimized model (its weights written out, a transient copy of them: 453 MB
+# on a 453 MB encoder) is skipped.
+_BLOCKING_OPS = {"Conv", "MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool"}
+
+
+def _may_block(loaded: io.Loaded) -> bool:
+    return any(n.op in _BLOCKING_OPS for g in (loaded.graph, *loaded.graph.subgraphs(recursive=True))
+               for n in g.nodes)
 
 
 def _drop_reorders(model: proto.ModelProto, outputs: set[str]) -> BlockedOutputs:

@@ -236,14 +236,15 @@ def measure(quant_model: proto.ModelProto | io.Loaded, plan: Plan, data: Calibra
         if seen >= samples:
             break
     units = set(flags)
-    switch = _Switch(model, weights, flags, outs, batches)
-
-    if reference is None:
-        ref = switch.outputs(set())
-    else:
+    if reference is not None:
+        # the float outputs before the switchable session is made: one session (and its copy of a
+        # model's weights) at a time
         float_sess = graph_session(reference, purpose="sensitivity reference")
         ref = _flat([float_sess.run(outs, b) for b in batches])
         del float_sess
+    switch = _Switch(model, weights, flags, outs, batches)
+    if reference is None:
+        ref = switch.outputs(set())
 
     def sqnr_with_float(float_units: set[str]) -> float:
         return _sqnr(ref, switch.outputs(units - set(float_units)))

@@ -1,0 +1,95 @@
+"""Memory of a run on a large model: no two onnxruntime sessions over a model's weights alive at once
+where one suffices, and no optimized model written out where nothing can be blocked."""
+import weakref
+
+import onnxruntime as ort
+
+import motifs
+import qdqgraph
+from qdqgraph.execution import evaluate, runtime
+from qdqgraph.graph import io
+from qdqgraph.recipes import sensitivity
+
+
+def _live_sessions(monkeypatch, module, name, made=None):
+    """Wrap module.name (a session factory); returns the list `made` of (weakref, sessions of that list
+    alive when it was made)."""
+    made = [] if made is None else made
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        live = sum(r() is not None for r, _ in made)
+        out = real(*args, **kwargs)
+        sess = out[0] if isinstance(out, tuple) else out
+        made.append((weakref.ref(sess), live))
+        return out
+    monkeypatch.setattr(module, name, spy)
+    return made
+
+
+def test_compare_frees_the_float_session_before_the_quantized_one(monkeypatch):
+    m = motifs.attention_block()
+    data = motifs.sample_data(m)
+    q = qdqgraph.quantize(m, data).model
+    made = _live_sessions(monkeypatch, evaluate, "graph_session")
+    result = evaluate.compare(m, q, calib=data, tensors=False)
+    assert len(made) == 2 and made[1][1] == 0          # the float session was gone when the second was made
+    assert result.samples == 8 and result.outputs and result.outputs[0].sqnr_db > 10
+
+
+def test_compare_with_tensor_pairs_still_runs_both(monkeypatch):
+    m = motifs.attention_block()
+    data = motifs.sample_data(m)
+    q = qdqgraph.quantize(m, data).model
+    made = _live_sessions(monkeypatch, evaluate, "graph_session")
+    result = evaluate.compare(m, q, calib=data, tensors=True)
+    assert len(made) == 2 and result.tensors
+
+
+def test_sensitivity_reference_runs_before_the_switchable_session(monkeypatch):
+    m = motifs.attention_block()
+    data = motifs.sample_data(m)
+    made: list = []
+    _live_sessions(monkeypatch, sensitivity, "graph_session", made)
+    _live_sessions(monkeypatch, sensitivity, "session", made)
+    qdqgraph.quantize(m, data)                       # int8_attention auto: the attention check measures
+    assert len(made) >= 2
+    assert all(live == 0 for _, live in made)         # the reference session, then the switchable one
+
+
+def test_no_optimized_model_saved_without_conv_or_pooling(monkeypatch):
+    seen = []
+    real = runtime.session
+
+    def spy(model, providers=None, purpose="calibration", weights=None, opts=None, threads=0):
+        seen.append(opts.optimized_model_filepath if opts is not None else "")
+        return real(model, providers, purpose, weights=weights, opts=opts, threads=threads)
+    monkeypatch.setattr(runtime, "session", spy)
+    loaded = io.load(motifs.attention_block())
+    names = [t.name for t in loaded.graph.tensors().values() if t.inputs and t.dtype is not None][:3]
+    sess, blocked = runtime.unordered_session(loaded, names)
+    assert seen == [""] and isinstance(sess, ort.InferenceSession) and blocked.channels == {}
+    seen.clear()
+    loaded = io.load(motifs.residual_add())
+    runtime.unordered_session(loaded, [loaded.graph.nodes[0].outputs[0].name])
+    assert seen and seen[0].endswith("optimized.onnx")
+
+
+def test_shared_weights_session_runs_on_the_graph_arrays(monkeypatch):
+    """Past SHARE_WEIGHTS_MIN_BYTES the weights are onnxruntime shared initializers (no copy, no
+    prepacking): the outputs equal a session over the full export without prepacking."""
+    import numpy as np
+
+    monkeypatch.setattr(runtime, "SHARE_WEIGHTS_MIN_BYTES", 0)
+    monkeypatch.setattr(io, "IN_MEMORY_MIN_BYTES", 64)
+    m = motifs.attention_block()
+    loaded = io.load(m)
+    feed = {k: v[0] for k, v in motifs.sample_data(m).items()}
+    sess = runtime.graph_session(loaded)
+    weights, _ = sess._qdqgraph_weights
+    assert weights and all(a is loaded.graph.tensors()[k].values for k, a in weights.items())
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    ref = ort.InferenceSession(io.to_model(loaded).SerializeToString(), opts)
+    for a, b in zip(sess.run(None, feed), ref.run(None, feed)):
+        np.testing.assert_array_equal(a, b)
