@@ -166,11 +166,7 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
     outs = [t.name for t in f_graph.outputs]
     shapes = {t.name: t.shape for t in f_graph.outputs}
-    ft, qt = f_graph.tensors(), q_graph.tensors()
-    for fname, qname in pairs:
-        if ft[fname] not in f_graph.outputs:
-            f_graph.outputs.append(ft[fname])
-        q_graph.outputs.append(qt[qname])
+    _add_pair_outputs(f_graph, q_graph, pairs)
     f_names = outs + [f for f, _ in pairs]
     q_names = outs + [q for _, q in pairs]
     out_acc = {o: _Acc() for o in outs}
@@ -183,7 +179,7 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         # model's session is made, so that the two sessions (each holding its model's weights)
         # are never alive at once
         f_runs = [f_sess.run(f_names, feed) for feed in data.batches(1)]
-        del f_sess, f_graph, ft, f_loaded
+        del f_sess, f_graph, f_loaded
         gc.collect()
     q_sess = graph_session(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version), purpose="comparison")
     n = 0
@@ -191,15 +187,31 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     for i, feed in enumerate(data.batches(1)):
         fv = dict(zip(f_names, f_runs[i] if f_runs is not None else f_sess.run(f_names, feed)))
         qv = q_sess.run(q_names, {k: v for k, v in feed.items() if k in q_inputs})  # fixed inputs are gone
-        for o, q in zip(outs, qv[:len(outs)]):
-            if np.issubdtype(fv[o].dtype, np.floating):
-                out_acc[o].add(fv[o], q, _looks_like_logits(shapes[o]))
-        for (f, _), q in zip(pairs, qv[len(outs):]):
-            t_acc[f].add(fv[f], q, False)
+        _accumulate(fv, qv, outs, pairs, shapes, out_acc, t_acc)
         n += 1
         step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
                       [t_acc[f].result(f) for f, _ in pairs])
+
+
+def _add_pair_outputs(f_graph, q_graph, pairs: list[tuple[str, str]]) -> None:
+    """Each compared tensor pair (float name, quantized name) made an output of its graph."""
+    ft, qt = f_graph.tensors(), q_graph.tensors()
+    for fname, qname in pairs:
+        if ft[fname] not in f_graph.outputs:
+            f_graph.outputs.append(ft[fname])
+        q_graph.outputs.append(qt[qname])
+
+
+def _accumulate(fv: dict, qv: list, outs: list[str], pairs: list[tuple[str, str]], shapes: dict, out_acc: dict,
+                t_acc: dict) -> None:
+    """One sample's float values `fv` and quantized values `qv` (the outputs, then the pairs) into
+    the accumulators."""
+    for o, q in zip(outs, qv[:len(outs)]):
+        if np.issubdtype(fv[o].dtype, np.floating):
+            out_acc[o].add(fv[o], q, _looks_like_logits(shapes[o]))
+    for (f, _), q in zip(pairs, qv[len(outs):]):
+        t_acc[f].add(fv[f], q, False)
 
 
 def _read(f_loaded: io.Loaded, calib, preprocess: str | None, samples: int | None) -> CalibrationData:
