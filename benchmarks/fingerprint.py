@@ -6,7 +6,8 @@
 
 For every zoo model and torchvision export it runs `qdqgraph.quantize` with the defaults (and a few
 other configurations on some models: fallback, smoothing, bias correction, fp32 islands, max
-calibration) and records, per run: the sha256 of the written model's bytes, the plan (every decision
+calibration) and records, per run: the sha256 of the written model's bytes (without report's record
+in its metadata, which holds the prediction recorded below), the plan (every decision
 with its rule, every site with its kind, axis, scale group and edges), every amax, and the simulator's
 report of the written model (layers, precisions, reformats, what was eliminated). It also records the
 simulator's report of onnxruntime's quantize_static outputs in the zoo (foreign Q/DQ models).
@@ -64,13 +65,31 @@ def plan_digest(plan) -> dict:
             "n_decisions": len(decisions), "n_sites": len(sites)}
 
 
+RECORD_KEY = "qdqgraph.prediction"    # report's record in the written model's metadata (trtsim.recorded)
+
+
+def unrecorded(model):
+    """`model` without report's record in its metadata (a copy where it has one): the record holds
+    the prediction the "sim" digest already covers, so "bytes" compares with trees written before it."""
+    if not any(p.key == RECORD_KEY for p in model.metadata_props):
+        return model
+    copy = type(model)()
+    copy.CopyFrom(model)
+    kept = [(p.key, p.value) for p in copy.metadata_props if p.key != RECORD_KEY]
+    del copy.metadata_props[:]
+    for k, v in kept:
+        entry = copy.metadata_props.add()
+        entry.key, entry.value = k, v
+    return copy
+
+
 def run(model: Path, calib: Path, options: dict) -> dict:
     import qdqgraph
     start = time.perf_counter()
     r = qdqgraph.quantize(str(model), calib=str(calib), **options)
     seconds = time.perf_counter() - start
     amax = {s["tensor"]: s.get("amax") for s in r.report.sites if s["kind"] == "activation"}
-    return {"bytes": sha(r.model.SerializeToString()), "plan": plan_digest(r.plan),
+    return {"bytes": sha(unrecorded(r.model).SerializeToString()), "plan": plan_digest(r.plan),
             "amax": sha(json.dumps(sorted(amax.items()), default=float).encode()),
             "fallback": (r.report.fallback or {}).get("float_nodes"),
             "smoothed": sorted(r.report.smoothed), "bias_corrected": r.report.bias_corrected,
