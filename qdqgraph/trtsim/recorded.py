@@ -37,10 +37,18 @@ class Recorded:
 
 def digest(model) -> str | None:
     """sha256 of what the simulation reads from `model` (a ModelProto): its graph, opset imports
-    and local functions. None for a graph too large to serialize again."""
+    and local functions, hashed field by field and element by element (a serialized copy of the
+    whole graph would hold the weights twice: +453 MB on a 453 MB encoder). None for a graph too
+    large to record."""
     if model.graph.ByteSize() > MAX_GRAPH_BYTES:
         return None
-    h = hashlib.sha256(model.graph.SerializeToString())
+    h = hashlib.sha256()
+    for field, value in model.graph.ListFields():
+        h.update(field.name.encode())
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        items = value if repeated else [value]
+        for item in items:
+            h.update(item.SerializeToString() if hasattr(item, "SerializeToString") else str(item).encode())
     for part in (*model.opset_import, *model.functions):
         h.update(part.SerializeToString())
     return h.hexdigest()
