@@ -295,9 +295,7 @@ def _against(reference, f_loaded: io.Loaded, q_loaded: io.Loaded, data: Calibrat
     n = 0
     for fv, feed in zip(known, data.batches(1)):
         qv = q_sess.run(outs, {k: v for k, v in feed.items() if k in q_inputs})
-        for o, q in zip(outs, qv):
-            if np.issubdtype(np.asarray(fv[o]).dtype, np.floating):
-                out_acc[o].add(np.asarray(fv[o]), q, _looks_like_logits(shapes[o]))
+        _accumulate(fv, qv, outs, [], shapes, out_acc, {})
         n += 1
         step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq])
