@@ -69,9 +69,10 @@ DISABLED_OPTIMIZERS = FP16_FAULTS + FP8_FAULTS
 
 
 def graph_session(loaded: io.Loaded, providers: list[str] | None = None, purpose: str = "calibration",
-                  outputs: list[str] | None = None, optimize: bool = True):
+                  outputs: list[str] | None = None, optimize: bool = True, widen: bool = False):
     """A session over a graphsurgeon graph whose large constants reach onnxruntime from memory;
-    `outputs`: float tensors to add as graph outputs; `optimize=False`: no graph optimizations."""
+    `outputs`: float tensors to add as graph outputs; `optimize=False`: no graph optimizations;
+    `widen`: FP16 computed as float32 (`session`)."""
     with step("export for onnxruntime"):
         model, weights = io.to_model_and_weights(loaded)
     if outputs:
@@ -81,7 +82,7 @@ def graph_session(loaded: io.Loaded, providers: list[str] | None = None, purpose
         import onnxruntime as ort
         opts = _options()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return session(model, providers, purpose, weights=weights, opts=opts)
+    return session(model, providers, purpose, weights=weights, opts=opts, widen=widen)
 
 
 def _options(spin: bool = True, threads: int = 0):
@@ -101,21 +102,27 @@ def _options(spin: bool = True, threads: int = 0):
 
 
 def session(model: proto.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
-            weights: dict | None = None, opts=None, threads: int = 0):
+            weights: dict | None = None, opts=None, threads: int = 0, widen: bool = False):
     """A session over `model`; `weights` (name -> array) supply the initializers `model` holds only
     as stubs (`io.to_model_and_weights`); without them, large initializers are split off here.
     `opts`: session options of the caller's own (custom-op libraries already registered); else
-    `threads`: onnxruntime's intra-op threads (0: one per core)."""
+    `threads`: onnxruntime's intra-op threads (0: one per core). `widen`: on a graph of
+    WIDEN_MIN_NODES nodes or more, the model's FP16 tensors computed as float32 (io.widen_fp16;
+    `model` is not changed), for sessions that score a written model (see WIDEN_MIN_NODES)."""
     with step("onnxruntime session"):
-        return _session(model, providers, purpose, weights, opts, threads)
+        return _session(model, providers, purpose, weights, opts, threads, widen)
 
 
 def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str, weights: dict | None, opts,
-             threads: int):
+             threads: int, widen: bool = False):
     try:
         opts = opts or _options(threads=threads)
         providers = providers or ["CPUExecutionProvider"]
         light, weights = (model, weights) if weights is not None else io.split_weights(model)
+        if widen and len(light.graph.node) >= WIDEN_MIN_NODES and not io.has_fp16_inputs(light):
+            light = proto.copy_model(light) if light is model else light     # stubs: the weights are not copied
+            weights = io.widen_fp16(light, weights)
+            model = light if not weights else model     # without weights apart, `light` is the whole model
         blob = io.session_bytes(light) if weights else None
         if blob is not None:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
@@ -141,6 +148,20 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
         fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + ", or --calib-cache FILE"
                if custom else "check that the model runs in onnxruntime, or pass --calib-cache")
         raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
+
+
+# A session that scores a written model (comparison, --verify, the fidelity recipes) on a graph of
+# this many nodes or more computes its FP16 tensors in float32 (io.widen_fp16): onnxruntime's own
+# handling of FP16 (a Cast to float32 and back around each node it has no FP16 kernel for, then the
+# pairs between such nodes removed) costs time that grows with the square of the graph, 27 s to open
+# a 10,000-node CNN's Q/DQ model with FP16 islands against 4.0 s widened. Below it onnxruntime's
+# handling stays: the two are not the same arithmetic (its FP16 kernels, DequantizeLinear's among
+# them, round their outputs to FP16), and a Q/DQ model amplifies the difference: a value moved by an
+# FP16 rounding lands on the other side of an INT8 rounding step, so the two ways give two draws of
+# the quantization noise, each as far from float as the other (benchmarks/widen_fp16.py: the 10k CNN
+# 33.3 and 33.1 dB from float, 31.7 dB apart; MiniLM-L6's last_hidden_state 5.8 and 5.7 dB, 16.3 dB
+# apart). TensorRT's own kernels are a third draw.
+WIDEN_MIN_NODES = 5000
 
 
 # onnxruntime copies every initializer handed to it with add_external_initializers, or prepacks it

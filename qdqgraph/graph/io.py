@@ -27,7 +27,7 @@ from onnx.external_data_helper import (ExternalDataInfo, load_external_data_for_
                                        _get_all_tensors, _open_external_data_fd, uses_external_data)
 from onnx import version_converter
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
-from onnx_graphsurgeon.importers.onnx_importer import get_onnx_tensor_shape
+from onnx_graphsurgeon.importers.onnx_importer import OnnxImporter, get_onnx_tensor_shape
 
 # A protobuf cannot exceed 2 GiB; above this many bytes of tensors a model is written with its
 # tensors in a side file. A module constant so that tests can lower it.
@@ -99,6 +99,26 @@ def _write_external(model: onnx.ModelProto, path: Path, location: str) -> None:
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
               location=location, size_threshold=1024)
     load_external_data_for_model(model, str(Path(path).parent))
+
+
+def interface(source: str | os.PathLike | onnx.ModelProto) -> gs.Graph:
+    """A graph of `source`'s inputs (initializers left out) and outputs only, no nodes: what running
+    a model needs to know of it. A file is read without its large weights (wire.read_split, skipped)."""
+    model = source if isinstance(source, onnx.ModelProto) else _structure(Path(source))
+    weights = {t.name for t in model.graph.initializer}
+    tensor = OnnxImporter.import_tensor
+    return gs.Graph(inputs=[tensor(v) for v in model.graph.input if v.name not in weights],
+                    outputs=[tensor(v) for v in model.graph.output])
+
+
+def _structure(path: Path) -> onnx.ModelProto:
+    p = require_model_file(path)
+    try:
+        model = onnx.ModelProto.FromString(wire.read_split(p, skip=True).model)
+    except Exception as e:
+        raise _unreadable(p, e) from e
+    _require_nodes(model, p)
+    return model
 
 
 def require_model_file(path) -> Path:
@@ -907,6 +927,59 @@ def split_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
         arrays[t.name] = np.frombuffer(raw, dtype=onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).reshape(tuple(t.dims))
         light.graph.initializer.append(_stub(t.name, t.data_type, t.dims, len(raw)))
     return light, arrays
+
+
+# onnxruntime's CPU provider has no FP16 kernel for most ops: for each FP16 node it lacks one for,
+# a graph transformer inserts Casts to float32 and back, then removes every Cast pair it made between
+# two such nodes, so an FP16 island runs in float32 (its FP16 constants, already rounded, as they
+# are). That transformer's cost grows with the square of the graph: a 10,000-node CNN with FP16
+# islands took 27 s to open, 4.4 s as the same Q/DQ graph in float32 (1.0 s as the float model).
+# A session that only scores a written model (comparison, fidelity) takes the float32 form of its
+# FP16 tensors instead (`widen_fp16`): the same arithmetic for every node onnxruntime has no FP16
+# kernel for, and for those it has (DequantizeLinear, Cast, ...) float32 where TensorRT, which
+# consumes INT8 weights and activations in the quantized layers, materializes no FP16 value either.
+_FP16, _F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+
+
+def has_fp16_inputs(model: onnx.ModelProto) -> bool:
+    """Whether a graph input of `model` is FP16 (its feed decides that type: it is not widened)."""
+    return any(v.type.tensor_type.elem_type == _FP16 for v in model.graph.input)
+
+
+def widen_fp16(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every FP16 tensor of `model` made float32 in place (value types, initializers, constants,
+    Cast targets, dtype attributes, in every subgraph), the same values; returns `weights` (stub
+    initializers' data, name -> array) with the FP16 arrays widened (new arrays, the others as they
+    are). Graph inputs keep their type: call it only where `has_fp16_inputs` is False."""
+    widened = dict(weights)
+    _widen_graph(model.graph, widened, inputs=False)
+    for g in subgraphs(model.graph):             # a body's inputs are its loop state or outer values
+        _widen_graph(g, widened, inputs=True)
+    return widened
+
+
+def _widen_graph(g: onnx.GraphProto, weights: dict[str, np.ndarray], inputs: bool) -> None:
+    for v in [*(g.input if inputs else []), *g.output, *g.value_info]:
+        if v.type.tensor_type.elem_type == _FP16:
+            v.type.tensor_type.elem_type = _F32
+    for i, t in enumerate(g.initializer):
+        if t.data_type != _FP16:
+            continue
+        if t.name in weights and t.data_location == onnx.TensorProto.EXTERNAL:
+            weights[t.name] = weights[t.name].astype(np.float32)
+            g.initializer[i].CopyFrom(_stub(t.name, _F32, t.dims, weights[t.name].nbytes))
+        else:
+            g.initializer[i].CopyFrom(_widened_tensor(t))
+    for node in g.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == _FP16:
+                a.t.CopyFrom(_widened_tensor(a.t))
+            elif a.type == onnx.AttributeProto.INT and a.name in ("to", "dtype") and a.i == _FP16:
+                a.i = _F32
+
+
+def _widened_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t).astype(np.float32), t.name)
 
 
 def session_bytes(model: onnx.ModelProto) -> bytes | None:

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto
 
-__all__ = ["GraphProto", "ModelProto", "TensorProto", "attribute_value", "copy_node", "CHECK_ERRORS", "FLOAT", "INT32", "is_model", "tensor_dtype", "dtype_name",
+__all__ = ["GraphProto", "ModelProto", "TensorProto", "attribute_value", "copy_model", "copy_node", "CHECK_ERRORS", "FLOAT", "INT32", "is_model", "tensor_dtype", "dtype_name",
            "op_schema", "max_inputs", "op_types", "value_info", "tensor", "load_bare", "save_bare",
            "infer_shapes_lenient", "empty_shape"]
 
@@ -66,6 +66,12 @@ def attribute_value(attribute: onnx.AttributeProto):
 def copy_node(node: onnx.NodeProto) -> onnx.NodeProto:
     c = onnx.NodeProto()
     c.CopyFrom(node)
+    return c
+
+
+def copy_model(model: ModelProto) -> ModelProto:
+    c = ModelProto()
+    c.CopyFrom(model)
     return c
 
 

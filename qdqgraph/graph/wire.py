@@ -63,6 +63,7 @@ class Split:
 class _Reader:
     def __init__(self, f, size: int):
         self.f, self.pos, self.size = f, 0, size
+        self.skipping = False
 
     def read(self, n: int) -> bytes:
         data = self.f.read(n)
@@ -70,6 +71,12 @@ class _Reader:
             raise WireError(f"the file ends inside a field (at byte {self.pos + len(data)} of {self.size})")
         self.pos += n
         return data
+
+    def skip(self, n: int) -> None:
+        if self.pos + n > self.size:
+            raise WireError(f"the file ends inside a tensor's data (at byte {self.size} of {self.size})")
+        self.f.seek(n, os.SEEK_CUR)
+        self.pos += n
 
     def read_into(self, n: int) -> np.ndarray:
         buf = aligned_empty(n)
@@ -121,12 +128,14 @@ class _Reader:
         return n
 
 
-def read_split(path: str | os.PathLike, min_bytes: int = MIN_BYTES) -> Split:
+def read_split(path: str | os.PathLike, min_bytes: int = MIN_BYTES, skip: bool = False) -> Split:
     """Read the ModelProto in the file at `path` with the raw_data of its top-level initializers of
-    `min_bytes` or more apart. Raises WireError on a truncated or malformed file, OSError when it
-    cannot be read."""
+    `min_bytes` or more apart (`skip`: not read at all, for a caller that needs the graph's
+    structure only; `raw` then maps those initializers to empty arrays). Raises WireError on a
+    truncated or malformed file, OSError when it cannot be read."""
     with open(path, "rb") as f:
         r = _Reader(f, os.fstat(f.fileno()).st_size)
+        r.skipping = skip
         raw: dict[int, np.ndarray] = {}
         out = bytearray()
         count = [0]
@@ -165,7 +174,11 @@ def _tensor(r: _Reader, end: int, raw: dict, index: int, min_bytes: int) -> byte
         if number == _RAW_DATA and wire == _BYTES:
             n = r.length(end)
             if n >= min_bytes:
-                raw[index] = r.read_into(n)         # a later raw_data replaces it, as protobuf reads it
+                if r.skipping:
+                    r.skip(n)
+                    raw[index] = np.empty(0, dtype=np.uint8)
+                else:
+                    raw[index] = r.read_into(n)         # a later raw_data replaces it, as protobuf reads it
                 continue
             raw.pop(index, None)
             out += tag + encode_varint(n) + r.read(n)

@@ -277,7 +277,7 @@ def output_sqnr(model: proto.ModelProto, sens: Sensitivity) -> float:
     float, on the batches and float outputs `sens` was measured on: the figure the sweep's estimate
     stands for."""
     batches, ref = sens.reference
-    sess = session(model, purpose="accuracy check")
+    sess = session(model, purpose="accuracy check", widen=True)
     names = [o.name for o in sess.get_outputs()]
     inputs = {i.name for i in sess.get_inputs()}
     got = _flat([sess.run(names, {k: v for k, v in b.items() if k in inputs}) for b in batches])
