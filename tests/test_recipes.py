@@ -19,7 +19,9 @@ T, K, N = 16, 32, 24
 
 
 def run(model, feed):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    """The model's outputs as qdqgraph scores it (qdqgraph.session: TensorRT's arithmetic where
+    onnxruntime's defaults differ, its INT8 kernels' saturation on AVX2 CPUs among them)."""
+    return qdqgraph.session(model).run(None, feed)
 
 
 def sqnr(ref, got):
@@ -273,3 +275,20 @@ def test_output_aware_is_on_for_a_layernorm_written_out_as_ops():
     r = qdqgraph.quantize(m, motifs.sample_data(m), high_precision="fp32")
     assert r.report.output_aware is not None
     assert any((d.rule or "").startswith("P10-layernorm") for d in r.plan.decisions.values())
+
+
+def test_int8_gemms_are_computed_without_saturation_as_tensorrt_does():
+    """The smoothed LayerNorm model's INT8 weights span the whole range: onnxruntime's fused integer
+    kernels saturate their 16-bit sums on an AVX2 CPU without VNNI. qdqgraph's sessions take its
+    exact path (runtime.EXACT_INT8): the outputs are those of the Q/DQ computed as written
+    (unfused), on any CPU."""
+    from qdqgraph.execution import runtime
+    m = ln_model()
+    q = qdqgraph.quantize(m, ln_data(32), high_precision="fp32").model
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    as_written = ort.InferenceSession(q.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feeds = [{"x": x} for x in ln_data(4, seed=9)["x"]]
+    ref = [as_written.run(None, f)[0] for f in feeds]
+    assert sqnr(ref, [run(q, f)[0] for f in feeds]) > 60
+    assert sqnr(ref, [runtime.session(q).run(None, f)[0] for f in feeds]) > 60
