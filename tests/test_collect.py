@@ -432,3 +432,25 @@ def test_lanes_must_be_positive():
     data = CalibrationData(motifs.sample_data(m, n=2), model_inputs(loaded.graph))
     with pytest.raises(QdqError, match="lanes must be at least 1"):
         collect(loaded, plan.groups(), data, method="entropy", lanes=0)
+
+
+def test_a_large_graph_hands_its_outputs_out_in_plain_layout_from_one_session(monkeypatch):
+    """From BLOCKED_MAX_NODES nodes on, the second session the blocked layout needs costs more than
+    it saves: one session, every output in plain layout (the values of a plain session)."""
+    from qdqgraph.execution import runtime
+    m = motifs.residual_add()
+    loaded, plan = prepared(m)
+    names = sorted({t for ms in plan.groups().values() for t in ms} - {"x"})
+    made = []
+    real = runtime.ort.InferenceSession
+    monkeypatch.setattr(runtime.ort, "InferenceSession", lambda *a, **k: made.append(1) or real(*a, **k))
+    _, blocked = runtime.unordered_session(loaded, names)
+    assert blocked.channels and len(made) == 2              # small: blocked, two sessions
+    made.clear()
+    monkeypatch.setattr(runtime, "BLOCKED_MAX_NODES", len(loaded.graph.nodes))
+    sess, blocked = runtime.unordered_session(loaded, names)
+    assert blocked.channels == {} and blocked.fetch == {n: n for n in names} and len(made) == 1
+    feed = {"x": motifs.sample_data(m, n=1)["x"][0]}
+    plain = ort.InferenceSession(io.with_outputs(io.to_model(loaded), names).SerializeToString())
+    for a, b in zip(sess.run(names, feed), plain.run(names, feed)):
+        np.testing.assert_array_equal(a, b)

@@ -247,6 +247,11 @@ def _inference_session(source, opts, providers: list[str]):
 _NCHWC = "com.microsoft.nchwc"
 _REORDER_OUTPUT = "ReorderOutput"
 NCHWC_LARGEST_BLOCK = 16
+# The blocked outputs take a second session (the first one writes the optimized graph that shows
+# which outputs are blocked). On a graph this large opening it costs more than the reorders it saves
+# (the 10,000-node CNN: two sessions, 5.8 s of its calibrate stage, for 8 samples of 8x8 maps), so
+# the session hands the outputs out in plain layout there.
+BLOCKED_MAX_NODES = 5000
 
 
 class BlockedOutputs:
@@ -279,7 +284,7 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
     def plain():
         return session(model, providers, purpose, weights=weights, opts=_options(spin=False, threads=threads))
     if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"] \
-            or not _may_block(loaded):
+            or not _may_block(loaded) or len(loaded.graph.nodes) >= BLOCKED_MAX_NODES:
         return plain(), same
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
         # onnxruntime optimizes the graph and writes the result (weights in a file beside it); any
