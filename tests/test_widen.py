@@ -77,8 +77,12 @@ def test_sessions_widen_only_large_graphs_and_leave_the_model_as_it_is(monkeypat
     before = m.SerializeToString()
     assert len(m.graph.node) < runtime.WIDEN_MIN_NODES
     assert out_type(runtime.session(m, widen=True)) == "tensor(float16)"
+    level = lambda s: s.get_session_options().graph_optimization_level                  # noqa: E731
+    assert level(runtime.session(m, widen=True)) == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     monkeypatch.setattr(runtime, "WIDEN_MIN_NODES", 1)
-    assert out_type(runtime.session(m, widen=True)) == "tensor(float)"
+    widened = runtime.session(m, widen=True)
+    assert out_type(widened) == "tensor(float)"
+    assert level(widened) == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC        # the Q/DQ as written
     assert out_type(runtime.session(m)) == "tensor(float16)"
     assert m.SerializeToString() == before
     light, weights = io.split_weights(m)                     # weights apart (the graph_session way)

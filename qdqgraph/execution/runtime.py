@@ -123,6 +123,10 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
             light = proto.copy_model(light) if light is model else light     # stubs: the weights are not copied
             weights = io.widen_fp16(light, weights)
             model = light if not weights else model     # without weights apart, `light` is the whole model
+            # and the Q/DQ computed as written: onnxruntime's Q/DQ fusions took half of the 8.2 s it
+            # spent opening the 10k CNN's written model, for a run of 8 samples
+            if opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
+                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         blob = io.session_bytes(light) if weights else None
         if blob is not None:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
@@ -160,7 +164,9 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
 # FP16 rounding lands on the other side of an INT8 rounding step, so the two ways give two draws of
 # the quantization noise, each as far from float as the other (benchmarks/widen_fp16.py: the 10k CNN
 # 33.3 and 33.1 dB from float, 31.7 dB apart; MiniLM-L6's last_hidden_state 5.8 and 5.7 dB, 16.3 dB
-# apart). TensorRT's own kernels are a third draw.
+# apart). TensorRT's own kernels are a third draw. Those sessions also stop at the basic
+# optimization level there: the Q/DQ run as written (TensorRT's arithmetic up to the order of
+# sums), without the fusions that took half of the 8.2 s of opening the 10k CNN's written model.
 WIDEN_MIN_NODES = 5000
 
 
