@@ -23,6 +23,7 @@ ADD = "Add"
 SLICE = "Slice"
 ABS = "Abs"
 REDUCE_MAX = "ReduceMax"
+REDUCE_SUM = "ReduceSum"
 CLIP = "Clip"
 
 
