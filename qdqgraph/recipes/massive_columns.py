@@ -61,7 +61,7 @@ def candidates(loaded: io.Loaded, plan: Plan) -> dict[str, np.ndarray]:
     weights = {s.tensor for s in plan.weight_sites()}
     out = {}
     for n in view.nodes:
-        if n.op != "MatMul" or not view.vocab.is_(n, "matmul") or len(n.inputs) < 2:
+        if not view.vocab.is_(n, "matmul") or len(n.inputs) < 2:
             continue
         w = _weight(view, n)
         if w is not None and n.inputs[1].name in weights and writes_residual(view, n):
