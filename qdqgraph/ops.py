@@ -23,7 +23,7 @@ ADD = "Add"
 SLICE = "Slice"
 ABS = "Abs"
 REDUCE_MAX = "ReduceMax"
-REDUCE_SUM = "ReduceSum"
+EINSUM = "Einsum"
 CLIP = "Clip"
 
 

@@ -11,26 +11,19 @@ outputs), and the chosen columns are recomputed in float from the same input and
 
     y = (x W)_int8 * keep + sum_c (sum_k x_k W[k, c]) e_c
 
-as elementwise Mul and ReduceSum nodes (no MatMul, so no placement rule quantizes them; they cost
-K multiply-adds a token per column, which TensorRT fuses into pointwise kernels). `keep` is 1 on
-every column but the chosen ones, `e_c` the unit vector of column c.
+as two Einsum nodes, the product [..., K] x [K, C] and its placement [..., C] x [C, M] (no MatMul,
+so no placement rule quantizes them: K + M multiply-adds a token per column), then a Mul by `keep`
+(1 on every column but the chosen ones) and an Add, which fuse into the GEMM's epilogue. `e_c` is
+the unit vector of column c. Einsum is opset 12: an older graph is left as it is.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..ops import ADD, MUL, REDUCE_SUM
+from ..ops import ADD, EINSUM, MUL
 from .base import PassResult, result
 from .registry import declare, describe
-
-
-def _reduce_sum(graph: gs.Graph, name: str, x: gs.Tensor, out: gs.Variable) -> gs.Node:
-    """ReduceSum over the last axis, kept (axes an input from opset 13, an attribute before)."""
-    if (graph.opset or 13) >= 13:
-        axes = gs.Constant(f"{name}_axes", np.array([-1], dtype=np.int64))
-        return gs.Node(REDUCE_SUM, name, attrs={"keepdims": 1}, inputs=[x, axes], outputs=[out])
-    return gs.Node(REDUCE_SUM, name, attrs={"axes": [-1], "keepdims": 1}, inputs=[x], outputs=[out])
 
 
 def split(graph: gs.Graph, node: gs.Node, weight: np.ndarray, columns: list[int]) -> list[gs.Node]:
@@ -41,25 +34,20 @@ def split(graph: gs.Graph, node: gs.Node, weight: np.ndarray, columns: list[int]
     m = weight.shape[1]
     keep = np.ones(m, dtype=np.float32)
     keep[columns] = 0.0
+    place = np.zeros((len(columns), m), dtype=np.float32)
+    place[np.arange(len(columns)), columns] = 1.0
     int8 = gs.Variable(f"{y.name}_int8_columns", dtype=y.dtype, shape=y.shape)
     node.outputs[0] = int8
     kept = gs.Variable(f"{base}_kept", dtype=y.dtype, shape=y.shape)
-    added = [gs.Node(MUL, f"{base}_keep", inputs=[int8, gs.Constant(f"{base}_keep_mask", keep)], outputs=[kept])]
-    total = kept
-    for c in columns:
-        prod = gs.Variable(f"{base}_{c}_prod", dtype=x.dtype)
-        col = gs.Variable(f"{base}_{c}", dtype=x.dtype)
-        placed = gs.Variable(f"{base}_{c}_placed", dtype=y.dtype)
-        unit = np.zeros(m, dtype=np.float32)
-        unit[c] = 1.0
-        w = np.ascontiguousarray(weight[:, c], dtype=np.float32)
-        added += [gs.Node(MUL, f"{base}_{c}_mul", inputs=[x, gs.Constant(f"{base}_{c}_weight", w)], outputs=[prod]),
-                  _reduce_sum(graph, f"{base}_{c}_sum", prod, col),
-                  gs.Node(MUL, f"{base}_{c}_place", inputs=[col, gs.Constant(f"{base}_{c}_unit", unit)],
-                          outputs=[placed])]
-        summed = y if c == columns[-1] else gs.Variable(f"{base}_{c}_sum_out", dtype=y.dtype, shape=y.shape)
-        added.append(gs.Node(ADD, f"{base}_{c}_add", inputs=[total, placed], outputs=[summed]))
-        total = summed
+    cols = gs.Variable(f"{base}_values", dtype=x.dtype)
+    placed = gs.Variable(f"{base}_placed", dtype=y.dtype, shape=y.shape)
+    w = np.ascontiguousarray(weight[:, columns], dtype=np.float32)
+    added = [gs.Node(MUL, f"{base}_keep", inputs=[int8, gs.Constant(f"{base}_keep_mask", keep)], outputs=[kept]),
+             gs.Node(EINSUM, f"{base}_product", attrs={"equation": "...k,kc->...c"},
+                     inputs=[x, gs.Constant(f"{base}_weight", w)], outputs=[cols]),
+             gs.Node(EINSUM, f"{base}_place", attrs={"equation": "...c,cm->...m"},
+                     inputs=[cols, gs.Constant(f"{base}_unit", place)], outputs=[placed]),
+             gs.Node(ADD, f"{base}_add", inputs=[kept, placed], outputs=[y])]
     graph.nodes.extend(added)
     return added
 
@@ -69,6 +57,8 @@ def apply(graph: gs.Graph, chosen: dict[str, tuple[np.ndarray, list[int], float]
     """Split every node of `chosen` ({node name: (weight [K, M], columns, largest/median)})."""
     nodes = {n.name: n for n in graph.nodes}
     done = {}
+    if (graph.opset or 0) < 12:          # Einsum: opset 12
+        return result("float_columns", False, layers=done)
     for name, (weight, columns, ratio) in sorted(chosen.items()):
         if name in nodes and columns:
             split(graph, nodes[name], weight, sorted(columns))
