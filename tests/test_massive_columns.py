@@ -99,3 +99,18 @@ def test_no_columns_without_data_or_on_a_model_without_them():
     assert not qdqgraph.quantize(block(), "random", high_precision="fp32").report.float_columns
     plain = qdqgraph.quantize(block(big=0.3), data(16), high_precision="fp32")   # no massive channel
     assert not plain.report.float_columns and "float columns" not in plain.report.summary()
+
+
+def test_the_maxima_stop_at_the_row_budget(monkeypatch):
+    loaded, plan = prepare(block())
+    seen = []
+    real = massive_columns.float_activations
+
+    def counted(*args, **kwargs):
+        for values in real(*args, **kwargs):
+            seen.append(1)
+            yield values
+    monkeypatch.setattr(massive_columns, "float_activations", counted)
+    monkeypatch.setattr(massive_columns, "ROWS", 2 * T)        # two samples of T tokens
+    assert list(massive_columns.choose(loaded, plan, read_data(loaded, data(), QuantizeConfig()))) == ["dense"]
+    assert len(seen) == 2

@@ -30,7 +30,9 @@ from ..samples.data import CalibrationData
 RATIO = 16.0          # a column this many times the median channel's largest |value| is massive ...
 MAX_COLUMNS = 4       # ... and a layer with more of them than this is left as it is
 SAMPLES = 8           # calibration samples the channel maxima are taken over, at most (massive
-                      # channels show on every input: 8 find the same ones as 24 on MiniLM)
+                      # channels show on every input: 8 find the same ones as 24 on MiniLM) ...
+ROWS = 4096           # ... and no more than it takes to see this many rows (tokens): Whisper's
+                      # encoder (1,500 a sample) stops after 3
 
 
 def _weight(view: GraphView, node: gs.Node) -> np.ndarray | None:
@@ -89,11 +91,15 @@ def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> dict[str, tu
     nodes = {n.name: n for n in loaded.graph.nodes}
     outputs = {name: nodes[name].outputs[0].name for name in found}
     cmax: dict[str, np.ndarray] = {}
+    rows = 0
     for values in float_activations(loaded, sorted(set(outputs.values())), data, SAMPLES, "massive columns"):
+        rows += min(int(np.prod(np.shape(v)[:-1])) for v in values.values())
         for name, t in outputs.items():
             v = np.abs(np.asarray(values[t], dtype=np.float32))
             v = v.reshape(-1, v.shape[-1]).max(axis=0) if v.size else np.zeros(found[name].shape[1], np.float32)
             cmax[name] = v if name not in cmax else np.maximum(cmax[name], v)
+        if rows >= ROWS:
+            break
     chosen = {}
     for name, w in found.items():
         if name in cmax and cmax[name].shape[0] == w.shape[1]:
