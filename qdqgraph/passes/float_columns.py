@@ -56,7 +56,7 @@ def split(graph: gs.Graph, node: gs.Node, weight: np.ndarray, columns: list[int]
 def apply(graph: gs.Graph, chosen: dict[str, tuple[np.ndarray, list[int], float]]) -> PassResult:
     """Split every node of `chosen` ({node name: (weight [K, M], columns, largest/median)})."""
     nodes = {n.name: n for n in graph.nodes}
-    done = {}
+    done: dict[str, dict] = {}
     if (graph.opset or 0) < 12:          # Einsum: opset 12
         return result("float_columns", False, layers=done)
     for name, (weight, columns, ratio) in sorted(chosen.items()):
