@@ -114,3 +114,15 @@ def test_the_maxima_stop_at_the_row_budget(monkeypatch):
     monkeypatch.setattr(massive_columns, "ROWS", 2 * T)        # two samples of T tokens
     assert list(massive_columns.choose(loaded, plan, read_data(loaded, data(), QuantizeConfig()))) == ["dense"]
     assert len(seen) == 2
+
+
+def test_a_graph_before_opset_12_is_left_as_it_is():
+    g = motifs.G("old")
+    x = g.input("x", [1, T, K])
+    g.node("MatMul", [x, g.weight("w", (K, K))], ["y"], name="dense")
+    g.output("y")
+    loaded, _ = prepare(g.model(13))
+    loaded.graph.opset = 11            # loading raises older models to 13; the pass is guarded anyway
+    w = np.ones((K, K), np.float32)
+    res = float_columns.apply(loaded.graph, {"dense": (w, [BIG], 50.0)})
+    assert not res.changed and [n.op for n in loaded.graph.nodes] == ["MatMul"]
