@@ -23,6 +23,7 @@ ADD = "Add"
 SLICE = "Slice"
 ABS = "Abs"
 REDUCE_MAX = "ReduceMax"
+EINSUM = "Einsum"
 CLIP = "Clip"
 
 

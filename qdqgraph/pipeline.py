@@ -22,7 +22,7 @@ import numpy as np
 
 from .placement import advice, load_ruleset
 from .graph import attention, branches, io, proto
-from .recipes import attention_guard, output_aware, fidelity, learned_rounding
+from .recipes import attention_guard, output_aware, fidelity, learned_rounding, massive_columns
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
 from .calib.collect import KEEP_BYTES
@@ -231,6 +231,14 @@ def _output_aware_step(run: _Run) -> None:
     free_if_large(run.loaded)
 
 
+def _massive_step(run: _Run) -> None:
+    assert run.data is not None, "_output_aware asks for real data"
+    passed = massive_columns.run(run.loaded, run.plan, run.data)
+    run.report.add([passed])
+    if passed.changed:
+        run.plan = plan_for(run.loaded, run.cfg)
+
+
 def _smooth_step(run: _Run) -> None:
     found = targets(run.loaded.graph, run.plan)
     ranges = channel_ranges(run.loaded, sorted(found), run.data)
@@ -294,6 +302,7 @@ BEFORE_PLAN = (
 )
 BEFORE_CALIBRATION = (
     _Step("output-aware scales", lambda r: _output_aware(r.cfg, r.loaded, r.plan, r.calib), _output_aware_step),
+    _Step("massive columns", lambda r: _output_aware(r.cfg, r.loaded, r.plan, r.calib), _massive_step),
     _Step("smooth", lambda r: r.cfg.smooth_quant is not None, _smooth_step),
 )
 AFTER_CALIBRATION = (
