@@ -93,7 +93,7 @@ def fold_bias_adds(graph: gs.Graph) -> int:
         add.outputs.clear()
         folded += 1
     if folded:
-        io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
+        io.tidy(graph)
     return folded
 
 
