@@ -721,7 +721,7 @@ def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: boo
     did both)."""
     graph = loaded.graph
     if tidy:
-        tidy(graph)
+        toposort(cleanup(graph))
     _pack_4bit(graph)
     model = gs.export_onnx(graph, do_type_check=True)
     model.ir_version = max(loaded.ir_version, 7)
