@@ -20,6 +20,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from . import outputs, wire
+from .view import tensor_map
 from ..errors import QdqError
 from ..precisions.formats import FOUR_BIT_TYPES
 from ..ops import CONSTANT
@@ -688,7 +689,7 @@ def _materialize(graph: gs.Graph, arrays: Apart | None = None) -> None:
     for g in [graph, *graph.subgraphs(recursive=True)]:
         if g is not graph and g.import_domains is not None:
             g.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in g.import_domains]
-        for t in g.tensors().values():
+        for t in tensor_map(g).values():
             if isinstance(t, gs.Constant) and isinstance(getattr(t, "_values", None), gs.ir.tensor.LazyValues):
                 lazy = t._values
                 if arrays and lazy.tensor.name in arrays and in_memory(lazy.tensor):
@@ -709,7 +710,7 @@ def _pack_4bit(graph: gs.Graph) -> None:
     """graphsurgeon 0.6.1 writes an int4 array one value per byte, which onnx rejects: hand it
     those constants as TensorProtos onnx packed (two values per byte), which it writes as they are."""
     for g in [graph, *graph.subgraphs(recursive=True)]:
-        for t in g.tensors().values():
+        for t in tensor_map(g).values():
             if isinstance(t, gs.Constant) and not isinstance(t._values, gs.ir.tensor.LazyValues) \
                     and np.dtype(t.values.dtype) in FOUR_BIT_TYPES:
                 t.values = gs.ir.tensor.LazyValues(onnx.numpy_helper.from_array(t.values, t.name))
@@ -766,7 +767,7 @@ def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.
     stubs and come back as arrays (name -> array, the graph's own arrays, not copies). On ResNet-50
     this skips exporting and then re-reading 100 MB of weights."""
     swapped, arrays = [], {}
-    for t in loaded.graph.tensors().values():
+    for t in tensor_map(loaded.graph).values():
         v = getattr(t, "_values", None)
         if not isinstance(t, gs.Constant) or v is None or isinstance(v, gs.ir.tensor.SparseValues) \
                 or v.nbytes < IN_MEMORY_MIN_BYTES:
@@ -1254,7 +1255,7 @@ def refine_shapes(graph: gs.Graph, model: onnx.ModelProto) -> list[str]:
         out = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return []
-    tensors = graph.tensors()
+    tensors = tensor_map(graph)
     inputs = {t.name for t in graph.inputs}
     changed: dict[str, gs.Variable] = {}
     for vi in (*out.graph.value_info, *out.graph.output):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..rulebook.match import Context
 from ..graph.pointwise import region_from, region_source
-from .conditions import LayerBuild, attention_block, evaluate, op_matches
+from .conditions import CONDITIONS, LayerBuild, attention_block, evaluate, op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -50,10 +50,13 @@ class Fuser:
         """The first rule of `action` that holds for `node`; misses are recorded on `blame` nodes
         and the last reason is kept in `self.last_why`."""
         self.last_why = ""
+        ctx = None                        # one context for every rule tried (conditions only read it)
         for rule in self.rules.for_action(action):
             if not op_matches(self.g, rule, node):
                 continue
-            m = evaluate(self.ctx(layer, tensor), rule, node)
+            if ctx is None:
+                ctx = self.ctx(layer, tensor)
+            m = CONDITIONS.evaluate(rule.when, ctx, node)    # `evaluate` less its op class check, made above
             ok, why = m.ok, m.reason
             if ok:
                 return rule
