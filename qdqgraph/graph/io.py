@@ -1349,12 +1349,10 @@ def toposort(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
     member = {id(n) for n in nodes}
 
     def producers(node: gs.Node) -> list[gs.Node]:
-        found: dict[int, gs.Node] = {}
-        for t in node.inputs:
-            for p in t.inputs:
-                if id(p) in member:
-                    found.setdefault(id(p), p)
-        return list(found.values())
+        found = [p for t in node.inputs for p in t.inputs if id(p) in member]
+        if len(found) < 2:
+            return found
+        return list({id(p): p for p in found}.values())        # each once, where it first appears
 
     level: dict[int, int] = {}
     finished: list[gs.Node] = []
