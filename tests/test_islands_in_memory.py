@@ -97,6 +97,9 @@ def test_toposort_orders_as_graphsurgeon_does(name):
         theirs.toposort()
         io.toposort(ours)
         assert [n.name for n in ours.nodes] == [n.name for n in theirs.nodes]
+        theirs.toposort()                  # a sorted list: both leave it as it is
+        io.toposort(ours)
+        assert [n.name for n in ours.nodes] == [n.name for n in theirs.nodes]
 
 
 def _wiring(graph) -> tuple:

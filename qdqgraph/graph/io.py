@@ -1337,6 +1337,27 @@ def tidy(graph: gs.Graph) -> gs.Graph:
     return toposort(cleanup(graph))
 
 
+def _sorted_by_level(nodes: list[gs.Node], member: set[int]) -> bool:
+    """Whether each node's producers come before it and the levels never go down along the list.
+    `toposort` leaves such a list as it is: the walk finishes each node as it reaches it (its
+    producers are done), and the stable sort by level keeps that order."""
+    level: dict[int, int] = {}
+    last = 0
+    for n in nodes:
+        lv = 0
+        for t in n.inputs:
+            for p in t.inputs:
+                if id(p) in member:
+                    got = level.get(id(p))
+                    if got is None:
+                        return False
+                    lv = max(lv, got + 1)
+        if lv < last:
+            return False
+        level[id(n)] = last = lv
+    return True
+
+
 def toposort(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
     """graphsurgeon's `graph.toposort()`, the same order, in time linear in the graph: each node's
     level is one more than its producers' highest, and the nodes are sorted by level, stably, in
@@ -1347,6 +1368,8 @@ def toposort(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
         return graph.toposort(recurse_subgraphs=recurse_subgraphs)
     nodes = list(graph.nodes)
     member = {id(n) for n in nodes}
+    if _sorted_by_level(nodes, member):
+        return graph                    # what a pass's tidy left and nothing changed since: sorted already
 
     def producers(node: gs.Node) -> list[gs.Node]:
         found = [p for t in node.inputs for p in t.inputs if id(p) in member]
