@@ -1293,6 +1293,11 @@ def cleanup(graph: gs.Graph) -> gs.Graph:
     functions, and where a tensor's producer is not in the node list (it reports that)."""
     if not _plain(graph):
         return graph.cleanup(remove_unused_graph_inputs=False)
+    return _cleanup_plain(graph)
+
+
+def _cleanup_plain(graph: gs.Graph) -> gs.Graph:
+    """`cleanup` of a graph `_plain` holds for."""
     nodes = list(graph.nodes)
     member = {id(n) for n in nodes}
     for inp in graph.inputs:
@@ -1333,8 +1338,10 @@ def cleanup(graph: gs.Graph) -> gs.Graph:
 
 
 def tidy(graph: gs.Graph) -> gs.Graph:
-    """`cleanup`, then `toposort`: what a pass leaves behind it."""
-    return toposort(cleanup(graph))
+    """`cleanup`, then `toposort`: what a pass leaves behind it (the graph looked over for subgraphs once)."""
+    if not _plain(graph):
+        return toposort(graph.cleanup(remove_unused_graph_inputs=False))
+    return _toposort_plain(_cleanup_plain(graph))
 
 
 def _sorted_by_level(nodes: list[gs.Node], member: set[int]) -> bool:
@@ -1366,6 +1373,11 @@ def toposort(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
     subgraph or the graph has functions, and where the walk finds a cycle (it reports it)."""
     if not _plain(graph):
         return graph.toposort(recurse_subgraphs=recurse_subgraphs)
+    return _toposort_plain(graph, recurse_subgraphs)
+
+
+def _toposort_plain(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
+    """`toposort` of a graph `_plain` holds for."""
     nodes = list(graph.nodes)
     member = {id(n) for n in nodes}
     if _sorted_by_level(nodes, member):
