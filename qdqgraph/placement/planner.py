@@ -34,12 +34,14 @@ def _op_matches(view: GraphView, rule: Rule, node) -> bool:
 def _candidates(view: GraphView, ruleset: RuleSet, node) -> list[Rule]:
     """The rules whose op class holds the node, in file order: found once per op type (the class
     depends on nothing else), kept in the view's memo for this ruleset."""
-    cache = view.memo.get("rule candidates")
+    cache: tuple[RuleSet, dict[str, list[Rule]]] | None = view.memo.get("rule candidates")
     if cache is None or cache[0] is not ruleset:
-        cache = view.memo["rule candidates"] = (ruleset, {})
-    found = cache[1].get(node.op)
+        cache = (ruleset, {})
+        view.memo["rule candidates"] = cache
+    by_op = cache[1]
+    found = by_op.get(node.op)
     if found is None:
-        found = cache[1][node.op] = [r for r in ruleset.rules if _op_matches(view, r, node)]
+        found = by_op[node.op] = [r for r in ruleset.rules if _op_matches(view, r, node)]
     return list(found)
 
 
