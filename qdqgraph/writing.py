@@ -10,6 +10,7 @@ from .errors import InvariantError, QdqError
 from .execution.memory import free_if_large
 from .execution.profile import step
 from .graph import io, proto
+from .graph.view import tensor_map
 from .passes.bias_add import bias_to_add
 from .passes.precision import MIN_OPSET as PRECISION_OPSET, island_opset, lower_float_islands, measure_ranges
 from .report import InsertReport
@@ -82,7 +83,7 @@ def _at_precision_opset(loaded: io.Loaded, provenance: dict, high_precision: str
     with step("opset"):
         # a float tensor of unknown type would take the type inference finds on reading back, and
         # the retyping reads types: such a graph takes the way through the exported model
-        typed = all(t.dtype is not None for t in loaded.graph.tensors().values()
+        typed = all(t.dtype is not None for t in tensor_map(loaded.graph).values()
                     if isinstance(t, gs.Variable) and t.inputs)
         if typed and island_opset(high_precision) == PRECISION_OPSET and io.raise_graph_opset(loaded.graph, PRECISION_OPSET):
             return loaded

@@ -97,6 +97,54 @@ def test_toposort_orders_as_graphsurgeon_does(name):
         theirs.toposort()
         io.toposort(ours)
         assert [n.name for n in ours.nodes] == [n.name for n in theirs.nodes]
+        theirs.toposort()                  # a sorted list: both leave it as it is
+        io.toposort(ours)
+        assert [n.name for n in ours.nodes] == [n.name for n in theirs.nodes]
+
+
+def _wiring(graph) -> tuple:
+    """The node names in order, each node's tensor names, and each tensor's producers and readers."""
+    nodes = [(n.name, [t.name for t in n.inputs], [t.name for t in n.outputs]) for n in graph.nodes]
+    tensors = sorted((name, [p.name for p in t.inputs], sorted(c.name for c in t.outputs))
+                     for name, t in graph.tensors().items())
+    return nodes, tensors, [t.name for t in graph.inputs], [t.name for t in graph.outputs]
+
+
+@pytest.mark.parametrize("name", ["residual_add", "attention_block", "se_block"])
+def test_cleanup_removes_what_graphsurgeon_removes(name):
+    """A graph output dropped (its branch dies), a node whose output nothing reads, a producer
+    written onto a graph input: io.cleanup leaves the graph graphsurgeon's cleanup leaves."""
+    import onnx_graphsurgeon as gs
+    graph = io.load(motifs.ALL[name]()).graph
+    first = graph.inputs[0]
+    dead_out = gs.Variable("dead_out", dtype=np.float32)
+    graph.nodes.append(gs.Node("Relu", "dead_relu", inputs=[first], outputs=[dead_out]))
+    graph.nodes.append(gs.Node("Identity", "into_input", inputs=[dead_out], outputs=[first]))
+    graph.outputs = graph.outputs + [gs.Variable("kept_later", dtype=np.float32)]
+    theirs, ours = graph.copy(), graph.copy()
+    theirs.cleanup(remove_unused_graph_inputs=False)
+    io.cleanup(ours)
+    assert _wiring(ours) == _wiring(theirs)
+    assert "dead_relu" not in [n.name for n in ours.nodes]
+    last = ours.outputs[0]
+    ours.outputs = [t for t in ours.outputs if t is not last]
+    theirs.outputs = [t for t in theirs.outputs if t.name != last.name]
+    n_before = len(ours.nodes)
+    theirs.cleanup(remove_unused_graph_inputs=False).toposort()
+    io.tidy(ours)
+    assert _wiring(ours) == _wiring(theirs) and len(ours.nodes) <= n_before
+
+
+def test_tensor_map_is_graphsurgeons_map():
+    import onnx_graphsurgeon as gs
+    from qdqgraph.graph.view import tensor_map
+    graph = io.load(motifs.ALL["attention_block"]()).graph
+    assert list(tensor_map(graph).items()) == list(graph.tensors().items())
+    a, b, twin = gs.Variable("a", dtype=np.float32), gs.Variable("b", dtype=np.float32), gs.Variable("a")
+    clash = gs.Graph(nodes=[gs.Node("Relu", "r", inputs=[a], outputs=[b]), gs.Node("Relu", "s", inputs=[twin], outputs=[])],
+                     inputs=[a], outputs=[b])
+    got = tensor_map(clash)                    # two tensors named "a": graphsurgeon's map, the last one kept
+    assert got["a"] is twin and list(got) == list(clash.tensors())
 
 
 def test_toposort_leaves_a_cycle_to_graphsurgeon_which_reports_it():

@@ -81,7 +81,7 @@ def _as_float32(graph: gs.Graph) -> gs.Graph:
                 floating(view.dtype(n.outputs[0])):
             replace_uses(graph, view, n.outputs[0], n.inputs[0])
             n.outputs.clear()
-    graph.cleanup(remove_unused_graph_inputs=False)
+    io.cleanup(graph)
     for n in graph.nodes:                          # Constant nodes hold their value as an attribute
         value = n.attrs.get("value") if view.vocab.is_(n, "constant") else None
         if isinstance(value, gs.Constant) and floating(value.values.dtype) and value.values.dtype != np.float32:

@@ -20,6 +20,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from . import outputs, wire
+from .view import tensor_map
 from ..errors import QdqError
 from ..precisions.formats import FOUR_BIT_TYPES
 from ..ops import CONSTANT
@@ -688,7 +689,7 @@ def _materialize(graph: gs.Graph, arrays: Apart | None = None) -> None:
     for g in [graph, *graph.subgraphs(recursive=True)]:
         if g is not graph and g.import_domains is not None:
             g.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in g.import_domains]
-        for t in g.tensors().values():
+        for t in tensor_map(g).values():
             if isinstance(t, gs.Constant) and isinstance(getattr(t, "_values", None), gs.ir.tensor.LazyValues):
                 lazy = t._values
                 if arrays and lazy.tensor.name in arrays and in_memory(lazy.tensor):
@@ -709,7 +710,7 @@ def _pack_4bit(graph: gs.Graph) -> None:
     """graphsurgeon 0.6.1 writes an int4 array one value per byte, which onnx rejects: hand it
     those constants as TensorProtos onnx packed (two values per byte), which it writes as they are."""
     for g in [graph, *graph.subgraphs(recursive=True)]:
-        for t in g.tensors().values():
+        for t in tensor_map(g).values():
             if isinstance(t, gs.Constant) and not isinstance(t._values, gs.ir.tensor.LazyValues) \
                     and np.dtype(t.values.dtype) in FOUR_BIT_TYPES:
                 t.values = gs.ir.tensor.LazyValues(onnx.numpy_helper.from_array(t.values, t.name))
@@ -721,7 +722,7 @@ def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: boo
     did both)."""
     graph = loaded.graph
     if tidy:
-        toposort(graph.cleanup(remove_unused_graph_inputs=False))
+        toposort(cleanup(graph))
     _pack_4bit(graph)
     model = gs.export_onnx(graph, do_type_check=True)
     model.ir_version = max(loaded.ir_version, 7)
@@ -766,7 +767,7 @@ def to_model_and_weights(loaded: Loaded) -> tuple[onnx.ModelProto, dict[str, np.
     stubs and come back as arrays (name -> array, the graph's own arrays, not copies). On ResNet-50
     this skips exporting and then re-reading 100 MB of weights."""
     swapped, arrays = [], {}
-    for t in loaded.graph.tensors().values():
+    for t in tensor_map(loaded.graph).values():
         v = getattr(t, "_values", None)
         if not isinstance(t, gs.Constant) or v is None or isinstance(v, gs.ir.tensor.SparseValues) \
                 or v.nbytes < IN_MEMORY_MIN_BYTES:
@@ -1254,7 +1255,7 @@ def refine_shapes(graph: gs.Graph, model: onnx.ModelProto) -> list[str]:
         out = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return []
-    tensors = graph.tensors()
+    tensors = tensor_map(graph)
     inputs = {t.name for t in graph.inputs}
     changed: dict[str, gs.Variable] = {}
     for vi in (*out.graph.value_info, *out.graph.output):
@@ -1273,9 +1274,95 @@ def refine_shapes(graph: gs.Graph, model: onnx.ModelProto) -> list[str]:
     return sorted(changed)
 
 
-def _has_subgraph(node: gs.Node) -> bool:
-    return any(isinstance(v, gs.Graph) or (isinstance(v, list) and v and isinstance(v[0], gs.Graph))
-               for v in node.attrs.values())
+def _plain(graph: gs.Graph) -> bool:
+    """No functions and no node with a subgraph: the graphs the linear cleanup and sort take."""
+    if graph.functions:
+        return False
+    for n in graph.nodes:
+        for v in n.attrs.values():
+            if isinstance(v, gs.Graph) or (isinstance(v, list) and v and isinstance(v[0], gs.Graph)):
+                return False
+    return True
+
+
+def cleanup(graph: gs.Graph) -> gs.Graph:
+    """graphsurgeon's `graph.cleanup(remove_unused_graph_inputs=False)`, the same result, with less
+    work per node: the producers of the graph inputs dropped, the nodes nothing in the graph's
+    outputs reads (walked back by tensor name over the graph's own tensors, as graphsurgeon does)
+    disconnected and removed. graphsurgeon's own runs where a node has a subgraph or the graph has
+    functions, and where a tensor's producer is not in the node list (it reports that)."""
+    if not _plain(graph):
+        return graph.cleanup(remove_unused_graph_inputs=False)
+    return _cleanup_plain(graph)
+
+
+def _cleanup_plain(graph: gs.Graph) -> gs.Graph:
+    """`cleanup` of a graph `_plain` holds for."""
+    nodes = list(graph.nodes)
+    member = {id(n) for n in nodes}
+    for inp in graph.inputs:
+        inp.inputs.clear()
+    local = {t.name for n in nodes for t in n.outputs if t.name}
+    local.update(t.name for t in graph.inputs)
+    local.update(t.name for n in nodes for t in n.inputs if isinstance(t, gs.Constant))
+    local.update(t.name for t in graph.outputs if isinstance(t, gs.Constant))
+    seen: set[str] = set()
+
+    def wanted(t: gs.Tensor) -> bool:
+        if not t.name:
+            return True
+        if t.name not in local or t.name in seen:
+            return False
+        seen.add(t.name)
+        return True
+
+    used: set[int] = set()
+    queue = [t for t in graph.outputs if wanted(t)]
+    k = 0
+    while k < len(queue):
+        for node in queue[k].inputs:
+            if id(node) not in member:
+                return graph.cleanup(remove_unused_graph_inputs=False)     # reported there
+            used.add(id(node))
+            queue.extend(t for t in node.inputs if wanted(t))
+        k += 1
+    kept = []
+    for n in nodes:
+        if id(n) in used:
+            kept.append(n)
+        else:
+            n.inputs.clear()
+            n.outputs.clear()
+    graph.nodes = kept
+    return graph
+
+
+def tidy(graph: gs.Graph) -> gs.Graph:
+    """`cleanup`, then `toposort`: what a pass leaves behind it (the graph looked over for subgraphs once)."""
+    if not _plain(graph):
+        return toposort(graph.cleanup(remove_unused_graph_inputs=False))
+    return _toposort_plain(_cleanup_plain(graph))
+
+
+def _sorted_by_level(nodes: list[gs.Node], member: set[int]) -> bool:
+    """Whether each node's producers come before it and the levels never go down along the list.
+    `toposort` leaves such a list as it is: the walk finishes each node as it reaches it (its
+    producers are done), and the stable sort by level keeps that order."""
+    level: dict[int, int] = {}
+    last = 0
+    for n in nodes:
+        lv = 0
+        for t in n.inputs:
+            for p in t.inputs:
+                if id(p) in member:
+                    got = level.get(id(p))
+                    if got is None:
+                        return False
+                    lv = max(lv, got + 1)
+        if lv < last:
+            return False
+        level[id(n)] = last = lv
+    return True
 
 
 def toposort(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
@@ -1284,18 +1371,23 @@ def toposort(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
     the order a depth-first walk from the node list finishes them (as graphsurgeon's recursion does).
     graphsurgeon's own sort, 20-40% of a pass on a 10,000-node graph, runs where a node has a
     subgraph or the graph has functions, and where the walk finds a cycle (it reports it)."""
-    nodes = list(graph.nodes)
-    if graph.functions or any(_has_subgraph(n) for n in nodes):
+    if not _plain(graph):
         return graph.toposort(recurse_subgraphs=recurse_subgraphs)
+    return _toposort_plain(graph, recurse_subgraphs)
+
+
+def _toposort_plain(graph: gs.Graph, recurse_subgraphs: bool = True) -> gs.Graph:
+    """`toposort` of a graph `_plain` holds for."""
+    nodes = list(graph.nodes)
     member = {id(n) for n in nodes}
+    if _sorted_by_level(nodes, member):
+        return graph                    # what a pass's tidy left and nothing changed since: sorted already
 
     def producers(node: gs.Node) -> list[gs.Node]:
-        found: dict[int, gs.Node] = {}
-        for t in node.inputs:
-            for p in t.inputs:
-                if id(p) in member:
-                    found.setdefault(id(p), p)
-        return list(found.values())
+        found = [p for t in node.inputs for p in t.inputs if id(p) in member]
+        if len(found) < 2:
+            return found
+        return list({id(p): p for p in found}.values())        # each once, where it first appears
 
     level: dict[int, int] = {}
     finished: list[gs.Node] = []

@@ -58,12 +58,31 @@ def _is_float_dtype(dtype) -> bool:
         return False  # other onnx-only dtypes have no numpy dtype
 
 
+def tensor_map(graph: gs.Graph) -> dict[str, gs.Tensor]:
+    """`graph.tensors()`: name -> tensor over the graph inputs, each node's inputs then outputs, and
+    the graph outputs, in that order, empty (omitted) tensors left out; without graphsurgeon's
+    list concatenation per node. Where two distinct tensors share a name, graphsurgeon's own
+    builds the map (it warns about them)."""
+    found: dict[str, gs.Tensor] = {}
+    for group in (graph.inputs, *(t for n in graph.nodes for t in (n.inputs, n.outputs)), graph.outputs):
+        for t in group:
+            name = t.name
+            if not name:
+                continue
+            have = found.get(name)
+            if have is None:
+                found[name] = t
+            elif have is not t:
+                return graph.tensors()
+    return found
+
+
 class GraphView:
     def __init__(self, graph: gs.Graph, vocab: Vocabulary | None = None):
         self.graph = graph
         self.vocab = vocab or vocabulary()
         self.nodes = list(graph.nodes)
-        self.tensors = graph.tensors()
+        self.tensors = tensor_map(graph)
         self.outputs = {t.name for t in graph.outputs}
         self.inputs = {t.name for t in graph.inputs}
         self.memo: dict = {}        # what walks over this view found, by the walk's name

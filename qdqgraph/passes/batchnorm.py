@@ -108,7 +108,7 @@ def fold_batchnorm(graph: gs.Graph) -> PassResult:
         bn.outputs.clear()
         op.outputs[0] = out
         folded.append(bn.name)
-    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
+    io.tidy(graph)
     return result("fold_batchnorm", bool(folded), folded=folded, kept=kept)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..ops import ADD, vocabulary
-from ..graph.view import GraphView
+from ..graph.view import GraphView, tensor_map
 from .base import PassResult, result
 from .registry import declare
 from ..graph import io
@@ -31,7 +31,7 @@ def bias_to_add(graph: gs.Graph) -> PassResult:
     dequantized into an Add after the op, in place."""
     vocab = vocabulary()
     view = GraphView(graph, vocab)
-    taken = set(graph.tensors())
+    taken = set(tensor_map(graph))
     moved = []
     for node in list(graph.nodes):
         if not (vocab.is_(node, "conv") or vocab.is_(node, "gemm")) or len(node.inputs) < 3:
@@ -66,7 +66,7 @@ def fold_bias_adds(graph: gs.Graph) -> int:
     bias, in place. Returns how many were folded (strip uses it to give back the float graph)."""
     vocab = vocabulary()
     view = GraphView(graph, vocab)
-    taken = set(graph.tensors())
+    taken = set(tensor_map(graph))
     folded = 0
     for node in list(graph.nodes):
         if not (vocab.is_(node, "conv") or vocab.is_(node, "gemm")) or len(node.inputs) != 2:
@@ -93,7 +93,7 @@ def fold_bias_adds(graph: gs.Graph) -> int:
         add.outputs.clear()
         folded += 1
     if folded:
-        io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
+        io.tidy(graph)
     return folded
 
 

@@ -20,7 +20,7 @@ def fold_constants(graph: gs.Graph) -> PassResult:
     nodes went), `constant_nodes_left`."""
     before = len(graph.nodes)
     if not _foldable(graph):        # graphsurgeon's fold copies and walks the whole graph to find nothing
-        io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
+        io.tidy(graph)
         return result("fold_constants", False, folded=0, constant_nodes_left=[])
     io.toposort(graph)
     log = gs.logger.G_LOGGER
@@ -32,7 +32,7 @@ def fold_constants(graph: gs.Graph) -> PassResult:
                              size_threshold=FOLD_SIZE_LIMIT)
     finally:
         log.severity = severity
-    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
+    io.tidy(graph)
     left = [n.name for n in graph.nodes if n.op == CONSTANT]
     folded = before - len(graph.nodes)
     return result("fold_constants", folded > 0, folded=folded, constant_nodes_left=left)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..graph import io
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .registry import QDQ_SOUND, declare
@@ -173,7 +174,7 @@ def fold_scalar_scales(graph: gs.Graph) -> PassResult:
         node.inputs.clear()
         folded.append((node.name, linear.name))
     if folded:
-        graph.cleanup()
+        io.cleanup(graph)
     return result("fold_scalar_scales", bool(folded), folded=folded)
 
 

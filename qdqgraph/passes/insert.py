@@ -172,6 +172,6 @@ def insert_qdq(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str
         counts[site.kind] += 1
         if ins.zero_range:
             zero_range.append(site.tensor)
-    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
+    io.tidy(graph)
     return result("insert_qdq", bool(provenance), activations=counts["activation"], weights=counts["weight"],
                   provenance=provenance, zero_range=zero_range)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from ..ops import inference_no_op
+from ..graph import io
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .registry import Condition, declare, describe
@@ -52,7 +53,7 @@ def remove_no_ops(graph: gs.Graph) -> PassResult:
         n.outputs.clear()
         removed.append(n.name or n.op)
     if removed:
-        graph.cleanup(remove_unused_graph_inputs=False)
+        io.cleanup(graph)
     return result("remove_no_ops", bool(removed), removed=removed)
 
 

@@ -123,6 +123,8 @@ class _Retyper:
         self.casts: dict[tuple[str, np.dtype], gs.Variable] = {}
         self.own: set[str] = set()                           # the Casts (and DQ copies) this pass adds
         self.names = {n.name for n in graph.nodes}           # node names in use (ONNX wants them unique)
+        self._schemas: dict[tuple[str, str], object] = {}    # (op, domain) -> schema at the opset, or None
+        self._slots: dict[tuple, bool] = {}                  # (op, domain, slot, outputs) -> island type allowed
         # each DQ's float32 scale as it was, for the DQ copies that feed float32 ops
         self.dq_scale = {n.name: n.inputs[1] for n in graph.nodes
                          if self.vocab.is_(n, "dequantize") and len(n.inputs) > 1}
@@ -154,12 +156,11 @@ class _Retyper:
             if any(self.vocab.is_(node, c) for c in rule.classes):
                 if not rule.between_qdq or self._between_qdq(node):
                     return rule.id
-        schema = _schema(node, self.opset)
-        if schema is None:
+        if self._schema(node) is None:
             return "no ONNX schema (custom op)"
         derived = self.view.integer_derived
         for k, o in float_outputs:
-            if not _allowed(schema, k, True, self.island):
+            if not self._allows(node, k, True):
                 return f"the ONNX schema allows output {k} only in float32"
             if o.name in derived:
                 return "integer-derived (shape arithmetic in float)"
@@ -221,10 +222,23 @@ class _Retyper:
         """The type `node` wants on input `slot` when that input is float."""
         if node.name in self.keep:
             return F32
-        schema = _schema(node, self.opset)
-        if schema is not None and not _allowed(schema, slot, False, self.island):
+        if self._schema(node) is not None and not self._allows(node, slot, False):
             return F32
         return self.island
+
+    def _schema(self, node: gs.Node):
+        """The node's schema at the pass's opset (None for a custom op), looked up once per op."""
+        key = (node.op, node.domain or "")
+        if key not in self._schemas:
+            self._schemas[key] = _schema(node, self.opset)
+        return self._schemas[key]
+
+    def _allows(self, node: gs.Node, slot: int, outputs: bool) -> bool:
+        """`_allowed` for the island type on the node's schema (which it has), once per op and slot."""
+        key = (node.op, node.domain or "", slot, outputs)
+        if key not in self._slots:
+            self._slots[key] = _allowed(self._schema(node), slot, outputs, self.island)
+        return self._slots[key]
 
     # ------------------------------------------------------------------ rewriting
 
@@ -430,7 +444,7 @@ def lower_float_islands(graph: gs.Graph, high_precision: str = "fp16", opset: in
                       clamped_scales=[], rescaled_weights=[])
     io.toposort(graph)
     t = _Retyper(graph, ISLAND_TYPES[high_precision], opset, ranges or {}).run()
-    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
+    io.tidy(graph)
     return result("float_islands", t.retyped > 0, dtype=t.dtype, retyped=t.retyped, casts=t.casts,
                   dq_copies=t.dq_copies, kept=t.kept, clamped_scales=t.clamped_scales,
                   rescaled_weights=t.rescaled_weights,

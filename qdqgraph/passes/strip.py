@@ -101,7 +101,7 @@ def _strip_graph(graph: gs.Graph) -> tuple[int, int, int]:
         replace_uses(graph, view, dq.outputs[0], replacement)
         dq.outputs.clear()
         removed += 1
-    io.toposort(graph.cleanup(remove_unused_graph_inputs=False))
+    io.tidy(graph)
     biases = fold_bias_adds(graph) if removed else 0     # insert wrote a quantized conv's bias as an Add
     added = len(casts)
     for node in graph.nodes:

@@ -31,6 +31,20 @@ def _op_matches(view: GraphView, rule: Rule, node) -> bool:
     return op_matches(view.vocab, rule.op, node)
 
 
+def _candidates(view: GraphView, ruleset: RuleSet, node) -> list[Rule]:
+    """The rules whose op class holds the node, in file order: found once per op type (the class
+    depends on nothing else), kept in the view's memo for this ruleset."""
+    cache: tuple[RuleSet, dict[str, list[Rule]]] | None = view.memo.get("rule candidates")
+    if cache is None or cache[0] is not ruleset:
+        cache = (ruleset, {})
+        view.memo["rule candidates"] = cache
+    by_op = cache[1]
+    found = by_op.get(node.op)
+    if found is None:
+        found = by_op[node.op] = [r for r in ruleset.rules if _op_matches(view, r, node)]
+    return list(found)
+
+
 def _exclusions(view: GraphView, ruleset: RuleSet, ctx) -> dict[str, tuple[Rule, str]]:
     out: dict[str, tuple[Rule, str]] = {}
     for rule in ruleset.exclusions:
@@ -176,7 +190,7 @@ def plan_placement(graph: gs.Graph, ruleset: RuleSet | None = None, selection: S
 def _decide(view: GraphView, plan: Plan, ctx: Context, ruleset: RuleSet, selection: Selection,
             excluded: dict[str, tuple[Rule, str]], stage: int, node) -> None:
     """Decide one undecided node at one stage: excluded (by a rule or the user) or left to its rules."""
-    candidates = [r for r in ruleset.rules if _op_matches(view, r, node)]
+    candidates = _candidates(view, ruleset, node)
     if stage == 1 and node.name in excluded:
         rule, why = excluded[node.name]
         forced = rule.advisory and selection.included(node) and candidates

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..rulebook.match import Context
 from ..graph.pointwise import region_from, region_source
-from .conditions import LayerBuild, attention_block, evaluate, op_matches
+from .conditions import CONDITIONS, LayerBuild, attention_block, evaluate, op_matches
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -42,6 +42,7 @@ class Fuser:
         self.layers: list[LayerBuild] = []
         self.buffers: list[LayerBuild] = []          # ops that became no layer (R6-concat-buffer)
         self.candidates = residual_candidates(g, rules)
+        self._by_op: dict[tuple[str, str], tuple] = {}     # (action, op type) -> its rules of that op's classes
 
     def ctx(self, layer=None, tensor=None) -> Context:
         return Context(self.g, layer=layer, tensor=tensor, candidates=self.candidates)
@@ -50,10 +51,11 @@ class Fuser:
         """The first rule of `action` that holds for `node`; misses are recorded on `blame` nodes
         and the last reason is kept in `self.last_why`."""
         self.last_why = ""
-        for rule in self.rules.for_action(action):
-            if not op_matches(self.g, rule, node):
-                continue
-            m = evaluate(self.ctx(layer, tensor), rule, node)
+        ctx = None                        # one context for every rule tried (conditions only read it)
+        for rule in self._rules_for(action, node):
+            if ctx is None:
+                ctx = self.ctx(layer, tensor)
+            m = CONDITIONS.evaluate(rule.when, ctx, node)    # `evaluate` less its op class check, made above
             ok, why = m.ok, m.reason
             if ok:
                 return rule
@@ -62,6 +64,15 @@ class Fuser:
             if blame:
                 self.trace.miss(list(blame), rule.id, f"{node.name} ({node.op}): {why}" if node.role == OP else why)
         return None
+
+    def _rules_for(self, action: str, node: SNode) -> tuple:
+        """The rules of `action` whose op class holds `node` (the class depends on the op type only),
+        in file order; found once per op type."""
+        key = (action, node.op)
+        found = self._by_op.get(key)
+        if found is None:
+            found = self._by_op[key] = tuple(r for r in self.rules.for_action(action) if op_matches(self.g, r, node))
+        return found
 
     def own(self, layer: LayerBuild, node: SNode, rule_id: str | None = None):
         layer.absorb(node)

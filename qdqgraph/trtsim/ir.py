@@ -25,10 +25,11 @@ from ..graph import io
 OP, Q, DQ, REQUANT = "op", "q", "dq", "requant"
 
 
-@lru_cache(maxsize=1 << 16)
+@lru_cache(maxsize=1 << 20)
 def natural_key(name: str) -> tuple:
     """'Conv_9' < 'Conv_10': digits compare as numbers. Cached: the index is rebuilt after every
-    rewrite and sorts every consumer list by it."""
+    rewrite and sorts every consumer list by it. The cache holds every name of a graph of several
+    hundred thousand nodes: one that evicts reads a 40,000-node graph's names again on each walk."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
@@ -170,7 +171,7 @@ class SimGraph:
 
     def is_const(self, tensor: str) -> bool:
         t = self.tensors.get(tensor)
-        return t is not None and t.is_const
+        return t is not None and (t.value is not None or bool(t.weight_of) or bool(t.folded_from))   # STensor.is_const
 
     # ------------------------------------------------------------------ the index
     # producer and consumers of every tensor, kept up to date by every edit below (add, remove,
@@ -259,7 +260,17 @@ class SimGraph:
     def data_inputs(self, node: SNode) -> list[str]:
         """Inputs that carry activations: float or INT8, not constants, not folded weights (an
         integer shape or index input is not one)."""
-        return [t for t in node.inputs if t and not self.is_const(t) and self.carries_data(t)]
+        out = []
+        for t in node.inputs:           # is_const and carries_data, inline: the fuser asks this of every node
+            if not t:
+                continue
+            s = self.tensors.get(t)
+            if s is None:
+                out.append(t)
+            elif not (s.value is not None or s.weight_of or s.folded_from) and (
+                    s.dtype is None or self.is_int8(t) or is_float_dtype(s.dtype)):
+                out.append(t)
+        return out
 
     def node_outputs(self, node: SNode) -> list[str]:
         return node.outputs
