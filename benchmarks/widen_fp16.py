@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What scoring a written model with its FP16 islands computed in float32 (io.widen_fp16) changes:
 the time onnxruntime takes to open the session, and the outputs, against onnxruntime's own handling
-of FP16 (runtime.WIDEN_MIN_NODES says where qdqgraph takes which).
+of FP16 (runtime.LARGE_GRAPH_NODES says where qdqgraph takes which).
 
     .venv/bin/python benchmarks/widen_fp16.py FLOAT.onnx WRITTEN.onnx CALIB.npz [--samples 32]
 

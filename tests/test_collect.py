@@ -435,7 +435,7 @@ def test_lanes_must_be_positive():
 
 
 def test_a_large_graph_hands_its_outputs_out_in_plain_layout_from_one_session(monkeypatch):
-    """From BLOCKED_MAX_NODES nodes on, the second session the blocked layout needs costs more than
+    """From LARGE_GRAPH_NODES nodes on, the second session the blocked layout needs costs more than
     it saves: one session, every output in plain layout (the values of a plain session)."""
     from qdqgraph.execution import runtime
     m = motifs.residual_add()
@@ -447,7 +447,7 @@ def test_a_large_graph_hands_its_outputs_out_in_plain_layout_from_one_session(mo
     _, blocked = runtime.unordered_session(loaded, names)
     assert blocked.channels and len(made) == 2              # small: blocked, two sessions
     made.clear()
-    monkeypatch.setattr(runtime, "BLOCKED_MAX_NODES", len(loaded.graph.nodes))
+    monkeypatch.setattr(runtime, "LARGE_GRAPH_NODES", len(loaded.graph.nodes))
     sess, blocked = runtime.unordered_session(loaded, names)
     assert blocked.channels == {} and blocked.fetch == {n: n for n in names} and len(made) == 1
     feed = {"x": motifs.sample_data(m, n=1)["x"][0]}

@@ -1,5 +1,5 @@
 """Scoring a written model: FP16 computed as float32 on large graphs (io.widen_fp16,
-runtime.WIDEN_MIN_NODES), and a model's inputs and outputs read without its weights (io.interface)."""
+runtime.LARGE_GRAPH_NODES), and a model's inputs and outputs read without its weights (io.interface)."""
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -75,11 +75,11 @@ def test_sessions_widen_only_large_graphs_and_leave_the_model_as_it_is(monkeypat
     m.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT16                # an FP16 output shows it
     m.graph.node[-1].attribute[0].i = TensorProto.FLOAT16
     before = m.SerializeToString()
-    assert len(m.graph.node) < runtime.WIDEN_MIN_NODES
+    assert len(m.graph.node) < runtime.LARGE_GRAPH_NODES
     assert out_type(runtime.session(m, widen=True)) == "tensor(float16)"
     level = lambda s: s.get_session_options().graph_optimization_level                  # noqa: E731
     assert level(runtime.session(m, widen=True)) == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    monkeypatch.setattr(runtime, "WIDEN_MIN_NODES", 1)
+    monkeypatch.setattr(runtime, "LARGE_GRAPH_NODES", 1)
     widened = runtime.session(m, widen=True)
     assert out_type(widened) == "tensor(float)"
     assert level(widened) == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC        # the Q/DQ as written
@@ -93,7 +93,7 @@ def test_sessions_widen_only_large_graphs_and_leave_the_model_as_it_is(monkeypat
 def test_a_model_fed_fp16_is_not_widened(monkeypatch):
     m = _island(fp16_input=True)
     m.graph.node[0].attribute[0].i = TensorProto.FLOAT16
-    monkeypatch.setattr(runtime, "WIDEN_MIN_NODES", 1)
+    monkeypatch.setattr(runtime, "LARGE_GRAPH_NODES", 1)
     assert io.has_fp16_inputs(m)
     s = runtime.session(m, widen=True)
     assert s.get_inputs()[0].type == "tensor(float16)"

@@ -107,8 +107,8 @@ def session(model: proto.ModelProto, providers: list[str] | None = None, purpose
     as stubs (`io.to_model_and_weights`); without them, large initializers are split off here.
     `opts`: session options of the caller's own (custom-op libraries already registered); else
     `threads`: onnxruntime's intra-op threads (0: one per core). `widen`: on a graph of
-    WIDEN_MIN_NODES nodes or more, the model's FP16 tensors computed as float32 (io.widen_fp16;
-    `model` is not changed), for sessions that score a written model (see WIDEN_MIN_NODES)."""
+    LARGE_GRAPH_NODES nodes or more, the model's FP16 tensors computed as float32 (io.widen_fp16;
+    `model` is not changed), for sessions that score a written model (see LARGE_GRAPH_NODES)."""
     with step("onnxruntime session"):
         return _session(model, providers, purpose, weights, opts, threads, widen)
 
@@ -119,7 +119,7 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
         opts = opts or _options(threads=threads)
         providers = providers or ["CPUExecutionProvider"]
         light, weights = (model, weights) if weights is not None else io.split_weights(model)
-        if widen and len(light.graph.node) >= WIDEN_MIN_NODES and not io.has_fp16_inputs(light):
+        if widen and len(light.graph.node) >= LARGE_GRAPH_NODES and not io.has_fp16_inputs(light):
             light = proto.copy_model(light) if light is model else light     # stubs: the weights are not copied
             weights = io.widen_fp16(light, weights)
             model = light if not weights else model     # without weights apart, `light` is the whole model
@@ -154,8 +154,9 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
         raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
 
 
-# A session that scores a written model (comparison, --verify, the fidelity recipes) on a graph of
-# this many nodes or more computes its FP16 tensors in float32 (io.widen_fp16): onnxruntime's own
+# A graph of this many nodes or more is large: opening an onnxruntime session on it costs more than
+# the few samples qdqgraph runs through it, and where that cost has a way around, it takes it.
+# - A session that scores a written model (comparison, --verify, the fidelity recipes) computes its FP16 tensors in float32 (io.widen_fp16): onnxruntime's own
 # handling of FP16 (a Cast to float32 and back around each node it has no FP16 kernel for, then the
 # pairs between such nodes removed) costs time that grows with the square of the graph, 27 s to open
 # a 10,000-node CNN's Q/DQ model with FP16 islands against 4.0 s widened. Below it onnxruntime's
@@ -167,7 +168,13 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
 # apart). TensorRT's own kernels are a third draw. Those sessions also stop at the basic
 # optimization level there: the Q/DQ run as written (TensorRT's arithmetic up to the order of
 # sums), without the fusions that took half of the 8.2 s of opening the 10k CNN's written model.
-WIDEN_MIN_NODES = 5000
+# - The calibration session hands its outputs out in plain layout (`unordered_session`): the blocked
+#   layout needs a second session (the first writes the optimized graph that shows which outputs
+#   are blocked), 5.8 s of the 10k CNN's calibrate stage for 8 samples of 8x8 maps.
+# - The island-ranges session runs unoptimized (passes.precision.measure_ranges): it opens 3x
+#   faster (10k nodes: 4.8 s -> 1.4 s); below, optimized, since each Q and DQ unfused ran Whisper
+#   tiny.en's encoder at 0.64 s a sample.
+LARGE_GRAPH_NODES = 5000
 
 
 # onnxruntime copies every initializer handed to it with add_external_initializers, or prepacks it
@@ -253,11 +260,6 @@ def _inference_session(source, opts, providers: list[str]):
 _NCHWC = "com.microsoft.nchwc"
 _REORDER_OUTPUT = "ReorderOutput"
 NCHWC_LARGEST_BLOCK = 16
-# The blocked outputs take a second session (the first one writes the optimized graph that shows
-# which outputs are blocked). On a graph this large opening it costs more than the reorders it saves
-# (the 10,000-node CNN: two sessions, 5.8 s of its calibrate stage, for 8 samples of 8x8 maps), so
-# the session hands the outputs out in plain layout there.
-BLOCKED_MAX_NODES = 5000
 
 
 class BlockedOutputs:
@@ -290,7 +292,7 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
     def plain():
         return session(model, providers, purpose, weights=weights, opts=_options(spin=False, threads=threads))
     if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"] \
-            or not _may_block(loaded) or len(loaded.graph.nodes) >= BLOCKED_MAX_NODES:
+            or not _may_block(loaded) or len(loaded.graph.nodes) >= LARGE_GRAPH_NODES:
         return plain(), same
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
         # onnxruntime optimizes the graph and writes the result (weights in a file beside it); any

@@ -41,7 +41,7 @@ from ..graph import io, proto
 from ..errors import QdqError
 from ..ops import CAST, vocabulary
 from ..rulebook.files import bundled, read_toml
-from ..execution.runtime import graph_session
+from ..execution.runtime import LARGE_GRAPH_NODES, graph_session
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .bounds import below
@@ -395,11 +395,6 @@ def _short(dtype: np.dtype) -> str:
     return {np.dtype(np.float16): "fp16", np.dtype(ml_dtypes.bfloat16): "bf16", F32: "fp32"}[np.dtype(dtype)]
 
 
-# The ranges session runs unoptimized on graphs this large: it opens 3x faster (10k nodes: 4.8 s ->
-# 1.4 s). Below, optimized: each Q and DQ unfused ran Whisper tiny.en's encoder at 0.64 s a sample.
-OPTIMIZE_BELOW_NODES = 5000
-
-
 def measure_ranges(loaded: io.Loaded, data, samples: int = 4, providers=None,
                    known: dict[str, float] | None = None) -> dict[str, float]:
     """max |x| of the float32 tensors of the (Q/DQ) graph `loaded` that could reach RANGE_LIMIT,
@@ -420,7 +415,7 @@ def measure_ranges(loaded: io.Loaded, data, samples: int = 4, providers=None,
     if not names:
         return known
     sess = graph_session(loaded, providers, purpose="measuring float ranges", outputs=names,
-                         optimize=len(loaded.graph.nodes) < OPTIMIZE_BELOW_NODES)
+                         optimize=len(loaded.graph.nodes) < LARGE_GRAPH_NODES)
     ranges = dict.fromkeys(names, 0.0)
     for k, feed in enumerate(data.batches(1)):
         if k >= samples:
