@@ -126,3 +126,20 @@ def test_a_graph_before_opset_12_is_left_as_it_is():
     w = np.ones((K, K), np.float32)
     res = float_columns.apply(loaded.graph, {"dense": (w, [BIG], 50.0)})
     assert not res.changed and [n.op for n in loaded.graph.nodes] == ["MatMul"]
+
+
+def test_the_prediction_holds_the_float_column_products_as_float_gemm_layers():
+    """TensorRT for RTX compiles each Einsum to a GEMM kernel on fp16 inputs (MiniLM's build): the
+    simulation must predict both as compute layers in float, or the engine check cannot match them."""
+    from qdqgraph.trtsim import simulate
+    out = qdqgraph.quantize(block(), data(32), high_precision="fp16")
+    assert out.report.float_columns
+    for target in ("tensorrt", "tensorrt-rtx"):
+        sim = simulate(out.model, target=target)
+        einsums = [x for x in sim.layers if any(op == "Einsum" for op in x.ops)]
+        assert len(einsums) == 2, [(x.name, x.ops) for x in einsums]
+        for x in einsums:
+            assert x.kind == "matmul" and x.ops == ["Einsum"], (x.kind, x.ops)
+            assert x.inputs and x.inputs[0].precision not in ("int8", "fp8"), x.inputs
+        dense = next(x for x in sim.layers if "dense" in x.nodes)
+        assert dense.inputs[0].precision == "int8"

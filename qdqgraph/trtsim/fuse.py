@@ -17,7 +17,7 @@ from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
 
-_KINDS = (("conv", "convolution"), ("gemm", "gemm"), ("matmul", "matmul"), ("avg_pool", "pooling"),
+_KINDS = (("conv", "convolution"), ("gemm", "gemm"), ("matmul", "matmul"), ("einsum", "matmul"), ("avg_pool", "pooling"),
           ("max_pool", "pooling"), ("reduce_mean", "pooling"), ("concat", "concat"), ("pad", "padding"),
           ("copy", "shuffle"), ("resize", "resize"), ("elementwise", "elementwise"), ("epilogue", "activation"),
           ("softmax", "softmax"), ("layernorm", "normalization"))
