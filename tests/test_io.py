@@ -5,7 +5,7 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph.graph import io
+from qdqgraph.graph import io, proto
 from qdqgraph.errors import QdqError
 
 
@@ -161,6 +161,35 @@ def test_checker_still_sees_a_truncated_weight(tmp_path):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(QdqError, match=r"fails the ONNX checker .*tensor name: w\) raw_data size \(16380 bytes\)"):
         io.validate(m)
+
+
+def test_the_full_check_of_a_written_model_keeps_its_weights_out_and_still_finds_errors(monkeypatch):
+    """io.check (full_check, run on every written model) hands the checker a copy without the large
+    INT8 weights: no copy of them is serialized, and a truncated weight or a shape inference
+    error is still found."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def model(w: np.ndarray, raw_cut: int = 0) -> onnx.ModelProto:
+        wq = numpy_helper.from_array(w, "wq")
+        if raw_cut:
+            wq.raw_data = wq.raw_data[:-raw_cut]
+        g = helper.make_graph(
+            [helper.make_node("DequantizeLinear", ["wq", "s"], ["wf"], axis=1),
+             helper.make_node("MatMul", ["x", "wf"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, w.shape[1]])],
+            [wq, numpy_helper.from_array(np.full(w.shape[1], 0.01, np.float32), "s")])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+    seen = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda m, *a, **k: (seen.append(m), real(m, *a, **k))[1])
+    io.check(model(np.ones((64, 128), np.int8)))
+    assert not [t.name for t in seen[-1].graph.initializer if t.name == "wq"]     # the checker never saw its bytes
+    with pytest.raises(onnx.checker.ValidationError, match=r"tensor name: wq\) raw_data size"):
+        io.check(model(np.ones((64, 128), np.int8), raw_cut=4))
+    with pytest.raises(proto.CHECK_ERRORS, match="Incompatible dimensions"):
+        io.check(model(np.ones((32, 128), np.int8)))          # [1, 64] x [32, 128]: shape inference says no
 
 
 def test_graph_sessions_leave_the_graph_as_it_was_and_match_a_plain_export(monkeypatch):
