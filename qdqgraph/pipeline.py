@@ -44,7 +44,7 @@ from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, 
 from .execution.profile import step
 from .report import InsertReport
 from .writing import write_model
-from .execution.memory import fewer_collections, free_if_large
+from .execution.memory import fewer_collections, free_if_large, is_large
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
 from .trtsim import simulate, simulate_and_lint, SimReport
@@ -204,6 +204,7 @@ def _start(model, calib, config, calib_cache, progress, options) -> _Run:
                           config=cfg.to_dict())
     with report.stage("load"):
         loaded, fixed = load_model(model, cfg)
+        report.profile.collect = is_large(loaded)
         report.add(fixed)
         report.opset_raised_from = loaded.opset_raised_from
         report.repairs = list(loaded.repairs)
@@ -226,9 +227,9 @@ def _equalize(run: _Run) -> None:
 def _output_aware_step(run: _Run) -> None:
     passed, run.overrides = output_aware.run(run.loaded, run.plan, run.data)
     run.report.add([passed])
+    free_if_large(run.loaded)           # the weights the smoothing replaced, before planning again
     if passed.changed:
         run.plan = plan_for(run.loaded, run.cfg)
-    free_if_large(run.loaded)
 
 
 def _massive_step(run: _Run) -> None:
@@ -861,7 +862,7 @@ def _speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, targe
         return
     try:
         with report.stage("simulate"), step("float engine"):
-            strip_qdq(loaded.graph)
+            strip_qdq(loaded.graph, values=False)
             float_sim = simulate(loaded.graph, target=target)
         report.tensorrt["speed"] = speed_line(sim, float_sim, gpu or DEFAULT_GPU[target])
     except Exception as e:  # noqa: BLE001 - reported, not swallowed

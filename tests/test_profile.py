@@ -51,6 +51,34 @@ def test_a_step_outside_a_run_does_nothing():
     assert lines[1].split()[:2] == ["a", "x2"] and lines[2].split()[0] == "b" and lines[-1].split()[0] == "total"
 
 
+def test_a_large_model_run_frees_the_garbage_of_each_stage_as_it_ends(monkeypatch):
+    """Graphs are reference cycles: what a stage drops waits for the collector unless the profile
+    collects as each stage ends, which it does for a run on a large model (memory.is_large), at
+    the stages' ends only, and never for a small one."""
+    from qdqgraph.execution import memory
+    calls = []
+    monkeypatch.setattr(memory, "collect", lambda: calls.append(1))
+    p = profile.Profile()
+    with p.stage("a"):
+        with profile.step("inner"):
+            pass
+    assert calls == []                                  # collect is off: nothing
+    p.collect = True
+    with p.stage("b"):
+        with profile.step("inner"):
+            pass
+    assert calls == [1]                                 # the stage's end, not its step's
+    m = motifs.residual_add(projection=True)
+    monkeypatch.setattr(memory, "LARGE_MODEL_BYTES", 1)
+    calls.clear()
+    r = qdqgraph.quantize(m, motifs.sample_data(m))
+    assert len(calls) >= len(r.report.stages)
+    monkeypatch.setattr(memory, "LARGE_MODEL_BYTES", 1 << 40)
+    calls.clear()
+    qdqgraph.quantize(m, motifs.sample_data(m))
+    assert calls == []
+
+
 def test_insert_verbose_prints_the_profile_and_the_json_holds_it(tmp_path, capsys):
     m = motifs.residual_add(projection=True)
     src = tmp_path / "m.onnx"

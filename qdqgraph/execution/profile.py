@@ -54,6 +54,9 @@ class Profile:
     def __init__(self) -> None:
         self.rows: dict[str, dict] = {}
         self._open: list[str] = []
+        # a full collection as each stage ends, set by a run on a large model (execution.memory.is_large):
+        # the garbage of a stage (a graph and its weights are cycles) goes before the next one starts
+        self.collect = False
 
     def path(self, name: str) -> str:
         """The row a stage or step called `name` opened now is counted in."""
@@ -69,6 +72,9 @@ class Profile:
         try:
             yield
         finally:
+            if self.collect and len(self._open) == 1:
+                from .memory import collect
+                collect()
             seconds = time.perf_counter() - start
             _ACTIVE.reset(token)
             self._open.pop()

@@ -42,8 +42,19 @@ def scale_weights(view: GraphView, readers: list[gs.Node], scale: np.ndarray) ->
     for n in readers:
         w = view.constant(n.inputs[1])
         shaped = scale.reshape(-1, 1) if k_axis(view, n) == 0 else scale.reshape(1, -1)
-        n.inputs[1] = gs.Constant(f"{n.name or n.outputs[0].name}_weight_smoothed",
-                                  (w.astype(np.float64) * shaped).astype(w.dtype))
+        _replace(view, n, 1, gs.Constant(f"{n.name or n.outputs[0].name}_weight_smoothed",
+                                         (w.astype(np.float64) * shaped).astype(w.dtype)))
+
+
+def _replace(view: GraphView, node: gs.Node, index: int, new: gs.Constant) -> None:
+    """Make `new` input `index` of `node`, in the view too; the constant it replaces leaves the
+    view once nothing reads it, so that a collection frees its weights (the view's tensor map
+    held every replaced weight of a 453 MB encoder until the pass returned)."""
+    old = node.inputs[index]
+    node.inputs[index] = new
+    view.tensors[new.name] = new
+    if not old.outputs and view.tensors.get(old.name) is old:
+        del view.tensors[old.name]
 
 
 def divide(view: GraphView, node: gs.Node, index: int, scale: np.ndarray, axis: int, suffix: str) -> None:
@@ -53,7 +64,8 @@ def divide(view: GraphView, node: gs.Node, index: int, scale: np.ndarray, axis: 
     v = view.constant(old)
     shape = [1] * max(v.ndim, 1)
     shape[axis if v.ndim > 1 else -1] = -1
-    node.inputs[index] = gs.Constant(f"{old.name}_{suffix}", (v.astype(np.float64) / scale.reshape(shape)).astype(v.dtype))
+    _replace(view, node, index, gs.Constant(f"{old.name}_{suffix}",
+                                            (v.astype(np.float64) / scale.reshape(shape)).astype(v.dtype)))
 
 
 def fold_producer(view: GraphView, t: gs.Tensor, scale: np.ndarray) -> list | None:

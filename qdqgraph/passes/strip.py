@@ -13,12 +13,17 @@ from .bias_add import fold_bias_adds
 from .registry import NO_QDQ, declare
 
 
-def _dequantize(view, dq) -> np.ndarray | None:
+SHAPES_ONLY_MIN_ELEMENTS = 1024   # with values=False, weights this large keep their shape, not their values
+
+
+def _dequantize(view, dq, values: bool = True) -> np.ndarray | None:
     q = view.constant_value(dq.inputs[0])
     s = view.constant_value(dq.inputs[1])
     z = view.constant_value(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2].name else np.zeros_like(s)
     if q is None or s is None:
         return None
+    if not values and q.size >= SHAPES_ONLY_MIN_ELEMENTS:     # zeros of its shape and type, in no memory
+        return np.broadcast_to(np.zeros((), np.asarray(s).dtype), q.shape)
     axis = dq.attrs.get("axis", 1)
     if "block_size" in dq.attrs:                    # blocked (INT4): each scale covers block_size elements
         block = int(dq.attrs["block_size"])
@@ -72,17 +77,19 @@ def replace_uses(graph: gs.Graph, view: GraphView, old: gs.Tensor, new: gs.Tenso
 
 
 @declare("strip_qdq", ensures=(NO_QDQ,), fixpoint=True, graph_only=True)
-def strip_qdq(graph: gs.Graph) -> PassResult:
+def strip_qdq(graph: gs.Graph, values: bool = True) -> PassResult:
     """Bypass every Q->DQ pair and turn every constant->DQ into a float constant. Details: `removed`
     (how many DequantizeLinear nodes went), `casts`. Modifies `graph`. In a model with FP16 islands the result
     keeps their types: where a Q's input and its DQ's output differ in type, a Cast takes the DQ's
-    place."""
+    place. `values=False`: the large float constants are read-only zeros of their shape that take
+    no memory (for the simulator, which reads shapes: dequantizing a 453 MB encoder's weights to
+    predict its FP16 engine set the run's peak)."""
     api_checks.graph(graph, "strip_qdq")
-    removed, casts, biases = _strip_graph(graph)
+    removed, casts, biases = _strip_graph(graph, values)
     return result("strip_qdq", removed > 0, removed=removed, casts=casts, biases=biases)
 
 
-def _strip_graph(graph: gs.Graph) -> tuple[int, int, int]:
+def _strip_graph(graph: gs.Graph, values: bool = True) -> tuple[int, int, int]:
     """strip_qdq on `graph` and on the bodies of its If nodes (quantized on their own samples):
     DequantizeLinear nodes removed, Casts added, biases folded back."""
     view = GraphView(graph)
@@ -94,7 +101,7 @@ def _strip_graph(graph: gs.Graph) -> tuple[int, int, int]:
         if p is not None and p.op == QUANTIZE:
             replacement = _as_type(graph, view, p.inputs[0], _dq_dtype(view, dq), casts)
         else:
-            value = _dequantize(view, dq)
+            value = _dequantize(view, dq, values)
             if value is None:
                 continue
             replacement = gs.Constant(dq.outputs[0].name.removesuffix("_dequantized"), value)
@@ -106,6 +113,6 @@ def _strip_graph(graph: gs.Graph) -> tuple[int, int, int]:
     added = len(casts)
     for node in graph.nodes:
         for body in (v for v in node.attrs.values() if isinstance(v, gs.Graph)):
-            r, c, b = _strip_graph(body)
+            r, c, b = _strip_graph(body, values)
             removed, added, biases = removed + r, added + c, biases + b
     return removed, added, biases
