@@ -265,7 +265,7 @@ def _calibrate(run: _Run) -> None:
 
 def _attention_step(run: _Run) -> None:
     run.floated, run.report.attention = attention_guard.decide(run.loaded, run.plan, run.amax, run.real, run.cfg,
-                                                               run.progress)
+                                                               run.progress, float_outputs=run.reference)
     free_if_large(run.loaded)
     if run.floated:
         per_tensor = {t: run.amax[rep] for rep, members in run.plan.groups().items() for t in members}

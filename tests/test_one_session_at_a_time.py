@@ -49,12 +49,29 @@ def test_compare_with_tensor_pairs_still_runs_both(monkeypatch):
 def test_sensitivity_reference_runs_before_the_switchable_session(monkeypatch):
     m = motifs.attention_block()
     data = motifs.sample_data(m)
+    monkeypatch.setattr(sensitivity, "_kept_outputs", lambda *a, **k: None)    # the float model is run again
     made: list = []
     _live_sessions(monkeypatch, sensitivity, "graph_session", made)
     _live_sessions(monkeypatch, sensitivity, "session", made)
     qdqgraph.quantize(m, data)                       # int8_attention auto: the attention check measures
     assert len(made) >= 2
     assert all(live == 0 for _, live in made)         # the reference session, then the switchable one
+
+
+def test_the_attention_check_measures_against_the_calibration_outputs(monkeypatch):
+    """The float outputs the calibration kept serve the attention check: no float session of its
+    own (a second copy of the weights on a large model), and the same decision and figures."""
+    m = motifs.attention_block()
+    data = motifs.sample_data(m)
+    made = _live_sessions(monkeypatch, sensitivity, "graph_session")
+    kept = qdqgraph.quantize(m, data).report.attention
+    assert made == [] and kept["samples"] == 8
+    monkeypatch.setattr(sensitivity, "_kept_outputs", lambda *a, **k: None)
+    again = qdqgraph.quantize(m, data).report.attention
+    assert len(made) == 1                                # without them: the reference session
+    assert kept["int8"] == again["int8"]
+    for k in ("all_int8_db", "attention_float_db"):
+        assert abs(kept[k] - again[k]) <= 0.02, (k, kept, again)
 
 
 def test_no_optimized_model_saved_without_conv_or_pooling(monkeypatch):

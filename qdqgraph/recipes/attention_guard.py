@@ -33,8 +33,10 @@ def attention_gemms(graph: gs.Graph, plan: Plan) -> list[str]:
 
 
 def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | None,
-           cfg: QuantizeConfig, progress=None) -> tuple[tuple, dict]:
-    """((node, why) to return to float, the record for the report)."""
+           cfg: QuantizeConfig, progress=None, float_outputs=None) -> tuple[tuple, dict]:
+    """((node, why) to return to float, the record for the report). `float_outputs`: the float
+    graph's outputs the calibration kept (calib.collect.FloatOutputs), measured against instead of
+    running it again where they cover the samples."""
     gemms = attention_gemms(loaded.graph, plan)
     info = {"mode": cfg.int8_attention, "gemms": len(gemms), "max_loss_db": ATTENTION_MAX_LOSS_DB}
     if not gemms or cfg.int8_attention == "on":
@@ -52,7 +54,7 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | No
     insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=fmt)
     sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
                              cfg.sensitivity_samples, stop_above_db=float("-inf"), progress=progress,
-                             only=set(gemms), reference=loaded)
+                             only=set(gemms), reference=loaded, float_outputs=float_outputs)
     floated_db = evaluate(set(gemms))
     del evaluate, trial                # the trial graph and its session go before the plan is redone
     loss = floated_db - sens.all_int8_db

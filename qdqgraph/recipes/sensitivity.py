@@ -20,6 +20,7 @@ all-INT8 run and the evaluator stay here. Every SQNR, and so the ranking, is the
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph import proto, io
 from ..execution import distributed
+from ..execution.evaluate import reused
 from ..samples.data import CalibrationData
 from ..execution.runtime import graph_session, session
 from ..ops import DEQUANTIZE, IDENTITY, IF, QUANTIZE
@@ -184,6 +186,29 @@ class _Switch:
         return _flat([self.sess.run(self.outs, _feed(b, self.flags, on)) for b in self.batches])
 
 
+def _kept_outputs(float_outputs, data: CalibrationData, outs: list[str], batches: list, taken: int
+                  ) -> list[np.ndarray] | None:
+    """`_flat` of the float outputs of `batches` (the first `taken` samples of `data`, one batch or one
+    sample each) taken from the outputs a run kept (execution.evaluate.reused: the samples'
+    inputs are checked), or None where they do not hold them all. On a 453 MB encoder the attention
+    check's float session held a second copy of the weights, the run's peak."""
+    if float_outputs is None:
+        return None
+    head = copy.copy(data)
+    head.count = taken
+    per = reused(float_outputs, head, outs)
+    if per is None or len(per) != taken:
+        return None
+    if len(batches) == len(per):                  # a sample a batch
+        return _flat([[p[o] for o in outs] for p in per])
+    if len(batches) != 1:
+        return None
+    try:                                          # one batch of the samples on axis 0
+        return _flat([[np.concatenate([np.asarray(p[o]) for p in per], axis=0) for o in outs]])
+    except ValueError:
+        return None
+
+
 def _flat(results) -> list[np.ndarray]:
     return [o for per in results for o in per if np.issubdtype(o.dtype, np.floating)]
 
@@ -210,7 +235,8 @@ def _unit_part(model, weights, flags, outs, batches, ref, units, part, float_onl
 
 def measure(quant_model: proto.ModelProto | io.Loaded, plan: Plan, data: CalibrationData, samples: int = 8,
             stop_above_db: float | None = None, progress=None, only: set[str] | None = None,
-            reference: io.Loaded | None = None, ray: str | None = None, float_only: bool = False) -> tuple:
+            reference: io.Loaded | None = None, ray: str | None = None, float_only: bool = False,
+            float_outputs=None) -> tuple:
     """(Sensitivity, evaluator) where evaluator(float_units) -> output SQNR with those units float.
     `quant_model`: the Q/DQ model insert_qdq made for `plan` (a ModelProto, or its graph as a
     Loaded). With `stop_above_db`, per-unit measurement is skipped when all-INT8 already reaches it.
@@ -218,7 +244,9 @@ def measure(quant_model: proto.ModelProto | io.Loaded, plan: Plan, data: Calibra
     to compare against come from `reference`, the float graph (needed with `only`); with it, a
     unit's float weights are the reference's, so the SQNR is against float, weights included. `ray`: a Ray
     address (or "local") to measure the units on, split among its task slots. `float_only`: only
-    the gain of each unit left float is measured (its only_quantized_db is NaN): half the runs."""
+    the gain of each unit left float is measured (its only_quantized_db is NaN): half the runs.
+    `float_outputs`: the reference's outputs the run already holds (calib.collect.FloatOutputs);
+    where they cover the samples measured, the reference is not run again."""
     if only is not None and reference is None:
         raise ValueError("measure(only=...) needs the float graph as reference")
     start = time.perf_counter()
@@ -228,20 +256,25 @@ def measure(quant_model: proto.ModelProto | io.Loaded, plan: Plan, data: Calibra
     model, weights = io.to_model_and_weights(io.Loaded(graph=graph, ir_version=loaded.ir_version))
     outs = [o.name for o in graph.outputs]
     # the first `samples` samples, as one batch where the model's batch axis is dynamic
-    batches, seen = [], 0
-    for b in data.batches(samples if data.batchable() else 1):
+    batches, seen, taken = [], 0, 0
+    for b, k in data.counted_batches(samples if data.batchable() else 1):
         n = int(np.shape(next(iter(b.values())))[0]) if data.batchable() else 1
         batches.append(b)
         seen += n
+        taken += k
         if seen >= samples:
             break
     units = set(flags)
     if reference is not None:
-        # the float outputs before the switchable session is made: one session (and its copy of a
-        # model's weights) at a time
-        float_sess = graph_session(reference, purpose="sensitivity reference")
-        ref = _flat([float_sess.run(outs, b) for b in batches])
-        del float_sess
+        kept = _kept_outputs(float_outputs, data, outs, batches, taken)
+        if kept is not None:
+            ref = kept
+        else:
+            # the float outputs before the switchable session is made: one session (and its copy
+            # of a model's weights) at a time
+            float_sess = graph_session(reference, purpose="sensitivity reference")
+            ref = _flat([float_sess.run(outs, b) for b in batches])
+            del float_sess
     switch = _Switch(model, weights, flags, outs, batches)
     if reference is None:
         ref = switch.outputs(set())
