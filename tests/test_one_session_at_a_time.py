@@ -110,3 +110,22 @@ def test_shared_weights_session_runs_on_the_graph_arrays(monkeypatch):
     ref = ort.InferenceSession(io.to_model(loaded).SerializeToString(), opts)
     for a, b in zip(sess.run(None, feed), ref.run(None, feed)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_large_switchable_session_computes_the_qdq_as_written(monkeypatch):
+    """From LEAN_SESSION_MIN_BYTES of weights the sensitivity session runs at onnxruntime's basic
+    level (no fused kernels holding their own copies of the weights); under it, the full level."""
+    m = motifs.attention_block()
+    data = motifs.sample_data(m)
+    levels = []
+    real = sensitivity._Switch.__init__
+
+    def spy(self, *a, **k):
+        real(self, *a, **k)
+        levels.append(self.sess.get_session_options().graph_optimization_level)
+    monkeypatch.setattr(sensitivity._Switch, "__init__", spy)
+    small = qdqgraph.quantize(m, data).report.attention
+    monkeypatch.setattr(sensitivity, "LEAN_SESSION_MIN_BYTES", 0)
+    lean = qdqgraph.quantize(m, data).report.attention
+    assert levels == [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC]
+    assert small["int8"] == lean["int8"] and abs(small["all_int8_db"] - lean["all_int8_db"]) < 0.5

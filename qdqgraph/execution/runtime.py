@@ -102,13 +102,19 @@ def _options(spin: bool = True, threads: int = 0):
 
 
 def session(model: proto.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
-            weights: dict | None = None, opts=None, threads: int = 0, widen: bool = False):
+            weights: dict | None = None, opts=None, threads: int = 0, widen: bool = False, as_written: bool = False):
     """A session over `model`; `weights` (name -> array) supply the initializers `model` holds only
     as stubs (`io.to_model_and_weights`); without them, large initializers are split off here.
     `opts`: session options of the caller's own (custom-op libraries already registered); else
     `threads`: onnxruntime's intra-op threads (0: one per core). `widen`: on a graph of
     LARGE_GRAPH_NODES nodes or more, the model's FP16 tensors computed as float32 (io.widen_fp16;
-    `model` is not changed), for sessions that score a written model (see LARGE_GRAPH_NODES)."""
+    `model` is not changed), for sessions that score a written model (see LARGE_GRAPH_NODES).
+    `as_written`: onnxruntime's basic optimization level, the Q/DQ computed as written, without the
+    fused kernels' copies of the weights."""
+    if as_written:
+        opts = opts or _options(threads=threads)
+        if opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     with step("onnxruntime session"):
         return _session(model, providers, purpose, weights, opts, threads, widen)
 
