@@ -44,7 +44,7 @@ from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, 
 from .execution.profile import step
 from .report import InsertReport
 from .writing import write_model
-from .execution.memory import fewer_collections, free_if_large, is_large
+from .execution.memory import collects_every_stage, fewer_collections, free_if_large
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
 from .trtsim import simulate, simulate_and_lint, SimReport
@@ -204,7 +204,7 @@ def _start(model, calib, config, calib_cache, progress, options) -> _Run:
                           config=cfg.to_dict())
     with report.stage("load"):
         loaded, fixed = load_model(model, cfg)
-        report.profile.collect = is_large(loaded)
+        report.profile.collect = collects_every_stage(loaded)
         report.add(fixed)
         report.opset_raised_from = loaded.opset_raised_from
         report.repairs = list(loaded.repairs)

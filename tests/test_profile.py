@@ -53,7 +53,7 @@ def test_a_step_outside_a_run_does_nothing():
 
 def test_a_large_model_run_frees_the_garbage_of_each_stage_as_it_ends(monkeypatch):
     """Graphs are reference cycles: what a stage drops waits for the collector unless the profile
-    collects as each stage ends, which it does for a run on a large model (memory.is_large), at
+    collects as each stage ends, which it does for a run on a large model (memory.EVERY_STAGE_BYTES), at
     the stages' ends only, and never for a small one."""
     from qdqgraph.execution import memory
     calls = []
@@ -69,11 +69,11 @@ def test_a_large_model_run_frees_the_garbage_of_each_stage_as_it_ends(monkeypatc
             pass
     assert calls == [1]                                 # the stage's end, not its step's
     m = motifs.residual_add(projection=True)
-    monkeypatch.setattr(memory, "LARGE_MODEL_BYTES", 1)
+    monkeypatch.setattr(memory, "EVERY_STAGE_BYTES", 1)
     calls.clear()
     r = qdqgraph.quantize(m, motifs.sample_data(m))
     assert len(calls) >= len(r.report.stages)
-    monkeypatch.setattr(memory, "LARGE_MODEL_BYTES", 1 << 40)
+    monkeypatch.setattr(memory, "EVERY_STAGE_BYTES", 1 << 40)
     calls.clear()
     qdqgraph.quantize(m, motifs.sample_data(m))
     assert calls == []

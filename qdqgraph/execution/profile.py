@@ -54,7 +54,7 @@ class Profile:
     def __init__(self) -> None:
         self.rows: dict[str, dict] = {}
         self._open: list[str] = []
-        # a full collection as each stage ends, set by a run on a large model (execution.memory.is_large):
+        # a full collection as each stage ends, set by a run on a large model (execution.memory.collects_every_stage):
         # the garbage of a stage (a graph and its weights are cycles) goes before the next one starts
         self.collect = False
 

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..graph import io
-from ..execution.memory import free_if_large
+from ..execution.memory import EVERY_STAGE_BYTES, free_if_large
 from ..execution.profile import step
 from ..graph.view import GraphView
 from .base import PassResult, result
@@ -101,8 +101,8 @@ def _multiply(loaded: io.Loaded, view: GraphView, choices: list[Choice], nodes: 
         scale_weights(view, [nodes[n] for n in c.nodes], c.scale)
         ranges[xs.name] = ranges.pop(c.tensor)
         done.append(c.tensor)
-        if len(done) % COLLECT_EVERY == 0:
-            free_if_large(loaded)      # a 453 MB encoder: 71 weights replaced, +420 MB until collected
+        if len(done) % COLLECT_EVERY == 0:    # a 453 MB encoder: 71 weights replaced, +420 MB until collected
+            free_if_large(loaded, EVERY_STAGE_BYTES)
     if done:
         loaded.graph.toposort()
     free_if_large(loaded)
