@@ -423,7 +423,11 @@ def test_lanes_share_the_cores_and_stop_at_the_earliest_failure(monkeypatch):
         done = []
         with pytest.raises(QdqError, match="NaN or Inf on calibration sample 7"):
             collect(loaded, plan.groups(), data, method="entropy", lanes=lanes, progress=done.append)
-        assert [c[2] for c in calls] == [threads] and sum(done) <= 7 + (lanes or 2)
+        # the lanes past the failure finish the batch they hold, and on a loaded machine a few more
+        # before the failing lane's thread is scheduled again (19 samples done with 4 lanes on 2
+        # busy cores); without the stop each lane runs on until it meets a bad sample of its own
+        # (8 and 40 are bad too), so the lanes after the one that meets 40 run to the end
+        assert [c[2] for c in calls] == [threads] and sum(done) <= 7 + 4 * (lanes or 2)
 
 
 def test_lanes_must_be_positive():
