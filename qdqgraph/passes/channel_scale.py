@@ -51,10 +51,11 @@ def _replace(view: GraphView, node: gs.Node, index: int, new: gs.Constant) -> No
     view once nothing reads it, so that a collection frees its weights (the view's tensor map
     held every replaced weight of a 453 MB encoder until the pass returned)."""
     old = node.inputs[index]
+    name = old.name
     node.inputs[index] = new
     view.tensors[new.name] = new
-    if not old.outputs and view.tensors.get(old.name) is old:
-        del view.tensors[old.name]
+    if not old.outputs and view.tensors.get(name) is old:
+        del view.tensors[name]
 
 
 def divide(view: GraphView, node: gs.Node, index: int, scale: np.ndarray, axis: int, suffix: str) -> None:
