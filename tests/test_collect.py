@@ -458,3 +458,15 @@ def test_a_large_graph_hands_its_outputs_out_in_plain_layout_from_one_session(mo
     plain = ort.InferenceSession(io.with_outputs(io.to_model(loaded), names).SerializeToString())
     for a, b in zip(sess.run(names, feed), plain.run(names, feed)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_head_is_the_first_samples_and_leaves_the_data_as_it_was():
+    m = motifs.residual_add()
+    loaded, _ = prepared(m)
+    data = CalibrationData(motifs.sample_data(m, n=6), model_inputs(loaded.graph))
+    head = data.head(4)
+    assert head.count == 4 and data.count == 6
+    for i in range(4):
+        for k, v in head.sample(i).items():
+            assert np.array_equal(v, data.sample(i)[k])
+    assert data.head(10).count == 6

@@ -112,11 +112,17 @@ def session(model: proto.ModelProto, providers: list[str] | None = None, purpose
     `as_written`: onnxruntime's basic optimization level, the Q/DQ computed as written, without the
     fused kernels' copies of the weights."""
     if as_written:
-        opts = opts or _options(threads=threads)
-        if opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        opts = _as_written(opts or _options(threads=threads))
     with step("onnxruntime session"):
         return _session(model, providers, purpose, weights, opts, threads, widen)
+
+
+def _as_written(opts):
+    """`opts` at onnxruntime's basic optimization level (or left with none): the Q/DQ run as written,
+    none of its fused kernels (nor their copies of the weights)."""
+    if opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return opts
 
 
 def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str, weights: dict | None, opts,
@@ -131,8 +137,7 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
             model = light if not weights else model     # without weights apart, `light` is the whole model
             # and the Q/DQ computed as written: onnxruntime's Q/DQ fusions took half of the 8.2 s it
             # spent opening the 10k CNN's written model, for a run of 8 samples
-            if opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
-                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            _as_written(opts)
         blob = io.session_bytes(light) if weights else None
         if blob is not None:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them

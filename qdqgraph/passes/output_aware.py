@@ -105,7 +105,6 @@ def _multiply(loaded: io.Loaded, view: GraphView, choices: list[Choice], nodes: 
             free_if_large(loaded, EVERY_STAGE_BYTES)
     if done:
         loaded.graph.toposort()
-    free_if_large(loaded)
 
 
 def _details(results) -> dict | None:

@@ -20,7 +20,6 @@ all-INT8 run and the evaluator stay here. Every SQNR, and so the ranking, is the
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
@@ -200,9 +199,7 @@ def _kept_outputs(float_outputs, data: CalibrationData, outs: list[str], batches
     check's float session held a second copy of the weights, the run's peak."""
     if float_outputs is None:
         return None
-    head = copy.copy(data)
-    head.count = taken
-    per = reused(float_outputs, head, outs)
+    per = reused(float_outputs, data.head(taken), outs)
     if per is None or len(per) != taken:
         return None
     if len(batches) == len(per):                  # a sample a batch

@@ -283,6 +283,12 @@ class CalibrationData:
         if self.count == 0:
             raise QdqError("calibration data holds no samples", "give at least one sample")
 
+    def head(self, count: int) -> "CalibrationData":
+        """The first `count` samples (all of them where there are fewer)."""
+        out = copy.copy(self)
+        out.count = min(count, self.count)
+        return out
+
     def shard(self, index: int, count: int) -> "CalibrationData":
         """Shard `index` (1-based) of `count`: a contiguous run of the samples."""
         if not (1 <= index <= count):
