@@ -135,9 +135,9 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
             light = proto.copy_model(light) if light is model else light     # stubs: the weights are not copied
             weights = io.widen_fp16(light, weights)
             model = light if not weights else model     # without weights apart, `light` is the whole model
-            # and the Q/DQ computed as written: onnxruntime's Q/DQ fusions took half of the 8.2 s it
-            # spent opening the 10k CNN's written model, for a run of 8 samples
-            _as_written(opts)
+            # and the Q/DQ computed as written, without any of onnxruntime's graph optimizations
+            # (see LARGE_GRAPH_NODES)
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         blob = io.session_bytes(light) if weights else None
         if blob is not None:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
@@ -176,12 +176,19 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
 # FP16 rounding lands on the other side of an INT8 rounding step, so the two ways give two draws of
 # the quantization noise, each as far from float as the other (benchmarks/widen_fp16.py: the 10k CNN
 # 33.3 and 33.1 dB from float, 31.7 dB apart; MiniLM-L6's last_hidden_state 5.8 and 5.7 dB, 16.3 dB
-# apart). TensorRT's own kernels are a third draw. Those sessions also stop at the basic
-# optimization level there: the Q/DQ run as written (TensorRT's arithmetic up to the order of
-# sums), without the fusions that took half of the 8.2 s of opening the 10k CNN's written model.
+# apart). TensorRT's own kernels are a third draw. Those sessions also run without graph
+# optimizations there: the Q/DQ run as written (TensorRT's arithmetic up to the order of sums).
+# onnxruntime's fusions took half of the 8.2 s of opening the 10k CNN's written model; its basic
+# level still cost 6.6 s against 4.8 s with none (40k: 41.7 against 28.4 s), for bit-identical
+# outputs and 8 runs no faster.
 # - The calibration session hands its outputs out in plain layout (`unordered_session`): the blocked
 #   layout needs a second session (the first writes the optimized graph that shows which outputs
-#   are blocked), 5.8 s of the 10k CNN's calibrate stage for 8 samples of 8x8 maps.
+#   are blocked), 5.8 s of the 10k CNN's calibrate stage for 8 samples of 8x8 maps. It also stops
+#   at onnxruntime's extended level, without the layout level: the NCHWc transformer, asked for every
+#   tensor in plain layout, adds a reorder per output and takes time that grows with the square of
+#   the graph to do it (the 10k CNN's float model with every tensor an output opened in 4.5 s with
+#   it, 1.5 s without, and ran 8 samples in 2.2 s against 1.6 s; at 40k nodes 52.5 s to open against
+#   9.0 s without any optimization; benchmarks/ort_session_open.py).
 # - The island-ranges session runs unoptimized (passes.precision.measure_ranges): it opens 3x
 #   faster (10k nodes: 4.8 s -> 1.4 s); below, optimized, since each Q and DQ unfused ran Whisper
 #   tiny.en's encoder at 0.64 s a sample.
@@ -300,10 +307,15 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
     model = io.with_outputs(model, outputs)
     same = BlockedOutputs({n: n for n in outputs}, {})
 
+    large = len(loaded.graph.nodes) >= LARGE_GRAPH_NODES
+
     def plain():
-        return session(model, providers, purpose, weights=weights, opts=_options(spin=False, threads=threads))
+        opts = _options(spin=False, threads=threads)
+        if large:       # no blocked layout to hand out, and none to compute in (see LARGE_GRAPH_NODES)
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        return session(model, providers, purpose, weights=weights, opts=opts)
     if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"] \
-            or not _may_block(loaded) or len(loaded.graph.nodes) >= LARGE_GRAPH_NODES:
+            or not _may_block(loaded) or large:
         return plain(), same
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
         # onnxruntime optimizes the graph and writes the result (weights in a file beside it); any
