@@ -9,8 +9,8 @@ Each command runs in a process of its own with qdqgraph imported from TREE (defa
 checkout); with `--against BASE` every command also runs with BASE, alternately, so the two trees
 see the same machine (it is shared and has 2 cores: compare within one run). The fastest of
 `--repeat` runs is kept. "without data runs" is the insert's wall time less the stages that run
-the model on calibration data (calibrate, island ranges, output-aware scales, attention check,
-fidelity), read from the run's --report profile. The scale models (benchmarks/scale.py: residual
+the model on calibration data (DATA_RUNS: calibration, the recipes that measure, and --verify's
+comparison), read from the run's --report profile. The scale models (benchmarks/scale.py: residual
 CNNs of 10,000 and 40,000 nodes, the 24x640 encoder of about 450 MB) are built into --out once.
 """
 from __future__ import annotations
@@ -30,7 +30,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-DATA_RUNS = ("calibrate", "island ranges", "output-aware scales", "attention check", "fidelity")
+# the stages that run the model (float or quantized) on calibration samples; "verify" is the default
+# `--verify 8` comparison, a run of the written model on 8 samples
+DATA_RUNS = ("calibrate", "island ranges", "output-aware scales", "massive columns", "smooth", "attention check",
+             "learned rounding", "bias correction", "sensitivity", "fidelity", "verify")
 
 
 def run(argv: list[str], tree: Path, timeout: int) -> dict:
