@@ -132,7 +132,7 @@ def test_every_package_ships_in_the_wheel():
     assert found <= listed, sorted(found - listed)
 
 
-ONNX_MODULES = {"qdqgraph.graph.io", "qdqgraph.graph.proto", "qdqgraph.graph.example"}
+ONNX_MODULES = {"qdqgraph.graph.io", "qdqgraph.graph.proto", "qdqgraph.graph.example", "qdqgraph.graph.export"}
 MAX_TOP_LEVEL_MODULES = 12
 
 

@@ -1,7 +1,7 @@
 """The onnx library's vocabulary for the rest of qdqgraph: the model type, element-type codes,
 operator schemas, the checker's and shape inference's errors, and the few protobuf builders the
-passes need. With io.py (files) and example.py (the built-in model), the only modules that import
-onnx (tests/test_architecture.py holds that).
+passes need. With io.py (files), export.py (graph to ModelProto) and example.py (the built-in
+model), the only modules that import onnx (tests/test_architecture.py holds that).
 """
 from __future__ import annotations
 
