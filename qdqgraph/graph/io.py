@@ -149,6 +149,27 @@ def read_model(path: str | os.PathLike, external_data: bool = True) -> onnx.Mode
     return model
 
 
+# a model file this large holds its weights itself; below it, the file is read for the external data
+# it refers to (the graph alone: a few MB)
+_GRAPH_READ_MAX_BYTES = 64 << 20
+
+
+def bytes_on_disk(path: str | os.PathLike) -> int:
+    """The model file's bytes and those of the external data files it names (each once, those that
+    exist): what loading it will hold in memory, give or take the graph."""
+    p = Path(path)
+    total = p.stat().st_size
+    if total >= _GRAPH_READ_MAX_BYTES:
+        return total
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception:            # noqa: BLE001 - unreadable: loading says why
+        return total
+    files = {e.value for t in _get_all_tensors(model) if uses_external_data(t)
+             for e in t.external_data if e.key == "location"}
+    return total + sum((p.parent / f).stat().st_size for f in files if (p.parent / f).is_file())
+
+
 def _unreadable(p: Path, e: Exception) -> QdqError:
     """The one-line error for a model file that cannot be read (protobuf's DecodeError, onnx's
     ValidationError or OSError, wire.WireError)."""
