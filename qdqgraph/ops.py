@@ -60,13 +60,13 @@ class Vocabulary:
 
     def __init__(self, classes: dict[str, OpClass]):
         self.classes = classes
+        self._ops = {name: c.ops for name, c in classes.items()}   # is_ runs millions of times a run
 
     def is_(self, node_or_op, cls: str) -> bool:
-        op = node_or_op if isinstance(node_or_op, str) else node_or_op.op
-        try:
-            return op in self.classes[cls].ops
-        except KeyError:
-            raise KeyError(f"unknown op class {cls!r}; classes are in rules/op_classes.toml") from None
+        ops = self._ops.get(cls)
+        if ops is None:
+            raise KeyError(f"unknown op class {cls!r}; classes are in rules/op_classes.toml")
+        return (node_or_op if isinstance(node_or_op, str) else node_or_op.op) in ops
 
     def known(self, cls: str) -> bool:
         return cls in self.classes

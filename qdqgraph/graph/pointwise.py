@@ -21,19 +21,18 @@ def region_from(g, t: str) -> tuple[list, str | None, str]:
     it, "") or ([], None, why there is none)."""
     region: dict[str, object] = {}
     inside = {t}
-    grew = True
-    while grew:                          # fixpoint: an op joins once all its activation operands are inside
-        grew = False
-        for x in sorted(inside):
-            for c, _ in g.consumers(x):
-                name = c.name
-                if name in region or not g.is_pointwise(c) or any(d not in inside for d in g.data_inputs(c)):
-                    continue
-                region[name] = c
-                inside.update(o for o in g.node_outputs(c) if o)
-                grew = True
-                if len(region) > MAX_REGION:
-                    return [], None, f"more than {MAX_REGION} pointwise ops"
+    todo = [t]
+    while todo:                          # an op joins once all its activation operands are inside: it is
+        for c, _ in g.consumers(todo.pop()):     # met again as a consumer of the last of them to join
+            name = c.name
+            if name in region or not g.is_pointwise(c) or any(d not in inside for d in g.data_inputs(c)):
+                continue
+            region[name] = c
+            outs = [o for o in g.node_outputs(c) if o]
+            inside.update(outs)
+            todo += outs
+            if len(region) > MAX_REGION:
+                return [], None, f"more than {MAX_REGION} pointwise ops"
     leaving = sorted({o for n in region.values() for o in g.node_outputs(n)
                       if o and (g.is_graph_output(o) or any(c.name not in region for c, _ in g.consumers(o)))})
     if any(c.name not in region for c, _ in g.consumers(t)):

@@ -46,6 +46,8 @@ class Context:
     layer: Any = None
     tensor: str | None = None
     candidates: dict = field(default_factory=dict)
+    memo: dict = field(default_factory=dict)      # what conditions found, shared by the caller's contexts
+                                                  # while the graph stays as it is
 
 
 @dataclass(frozen=True)

@@ -490,6 +490,15 @@ def c_swish_pair(ctx, node, arg):
     return hit()
 
 
+def pointwise_region(ctx: Context, t: str) -> tuple[list, str | None, str]:
+    """`region_from(ctx.graph, t)`, kept in `ctx.memo` (its nodes are not to be changed)."""
+    key = ("pointwise_region", t)
+    found = ctx.memo.get(key)
+    if found is None:
+        found = ctx.memo[key] = region_from(ctx.graph, t)
+    return found
+
+
 @CONDITIONS.register("pointwise_region")
 def c_pointwise_region(ctx, node, arg):
     """The node starts a region of >= 2 pointwise ops with one input (the layer's output) and one
@@ -497,7 +506,7 @@ def c_pointwise_region(ctx, node, arg):
     single-in/single-out epilogue (F2)."""
     if ctx.tensor is None or ctx.graph.is_graph_output(ctx.tensor):
         return miss("not reached from a layer")
-    nodes, out, why = region_from(ctx.graph, ctx.tensor)
+    nodes, out, why = pointwise_region(ctx, ctx.tensor)
     if out is None:
         return miss(why)
     if len(nodes) < 2:

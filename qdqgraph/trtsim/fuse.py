@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..rulebook.match import Context
-from ..graph.pointwise import region_from, region_source
-from .conditions import CONDITIONS, LayerBuild, attention_block, evaluate, op_matches
+from ..graph.pointwise import region_source
+from .conditions import CONDITIONS, LayerBuild, attention_block, evaluate, op_matches, pointwise_region
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -43,9 +43,10 @@ class Fuser:
         self.buffers: list[LayerBuild] = []          # ops that became no layer (R6-concat-buffer)
         self.candidates = residual_candidates(g, rules)
         self._by_op: dict[tuple[str, str], tuple] = {}     # (action, op type) -> its rules of that op's classes
+        self.memo: dict = {}                         # Context.memo of every rule tried: fusing reads the graph only
 
     def ctx(self, layer=None, tensor=None) -> Context:
-        return Context(self.g, layer=layer, tensor=tensor, candidates=self.candidates)
+        return Context(self.g, layer=layer, tensor=tensor, candidates=self.candidates, memo=self.memo)
 
     def first(self, action: str, node: SNode, layer=None, tensor=None, blame: Sequence[str] = ()):
         """The first rule of `action` that holds for `node`; misses are recorded on `blame` nodes
@@ -144,7 +145,7 @@ class Fuser:
                 self.own(layer, mul, rule.id)
                 layer.out = mul.outputs[0]
             if rule.when and "pointwise_region" in rule.when:
-                nodes, out, _ = region_from(g, t)
+                nodes, out, _ = pointwise_region(self.ctx(), t)
                 assert out is not None, "pointwise_region held, so the region has one output"
                 for n in nodes:
                     if n.name not in self.owner:

@@ -8,6 +8,7 @@ sort of node names, so the same graph in any node order gives the same walk.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -92,6 +93,11 @@ class STensor:
         return self.value is not None or bool(self.weight_of) or bool(self.folded_from)
 
 
+def _use_key(use: tuple[SNode, int]) -> tuple:
+    """The sort key of a consumer edge (node, input index): natural node name, then index."""
+    return use[0].key, use[1]
+
+
 class SimGraph:
     def __init__(self, vocab: Vocabulary | None = None):
         self.vocab = vocab or vocabulary()
@@ -151,8 +157,10 @@ class SimGraph:
                 node.role = DQ
             if node.role in (Q, DQ):
                 node.qp = g._qparams(node)
-            g.add(node)
+            node.key = natural_key(name)
+            g.nodes[name] = node
             g.onnx_names[name] = n.op
+        g._index_all()
         return g
 
     def _qparams(self, node: SNode) -> QParams:
@@ -200,17 +208,26 @@ class SimGraph:
             if t:
                 self._drop_use(t, node, i)
 
+    def _index_all(self) -> None:
+        """The index of every node at once, as adding them one by one in `self.nodes` order would
+        leave it: each consumer list is sorted once, a node of equal sort key (names "x01" and
+        "x1") before those added earlier."""
+        for node in self.nodes.values():
+            for o in node.outputs:
+                if o:
+                    self._producer[o] = node
+            for i, t in enumerate(node.inputs):
+                if t:
+                    self._consumers.setdefault(t, []).append((node, i))
+        for uses in self._consumers.values():
+            if len(uses) > 1:
+                uses.reverse()
+                uses.sort(key=_use_key)
+        self.touch()
+
     def _add_use(self, tensor: str, node: SNode, index: int) -> None:
         uses = self._consumers.setdefault(tensor, [])
-        key = (node.key, index)
-        lo, hi = 0, len(uses)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (uses[mid][0].key, uses[mid][1]) < key:
-                lo = mid + 1
-            else:
-                hi = mid
-        uses.insert(lo, (node, index))
+        uses.insert(bisect.bisect_left(uses, (node.key, index), key=_use_key), (node, index))
 
     def _drop_use(self, tensor: str, node: SNode, index: int) -> None:
         uses = self._consumers.get(tensor)
@@ -261,14 +278,15 @@ class SimGraph:
         """Inputs that carry activations: float or INT8, not constants, not folded weights (an
         integer shape or index input is not one)."""
         out = []
+        tensors = self.tensors
         for t in node.inputs:           # is_const and carries_data, inline: the fuser asks this of every node
             if not t:
                 continue
-            s = self.tensors.get(t)
+            s = tensors.get(t)
             if s is None:
                 out.append(t)
             elif not (s.value is not None or s.weight_of or s.folded_from) and (
-                    s.dtype is None or self.is_int8(t) or is_float_dtype(s.dtype)):
+                    s.dtype is None or is_float_dtype(s.dtype) or self.is_int8(t)):
                 out.append(t)
         return out
 
@@ -294,7 +312,7 @@ class SimGraph:
 
     def is_int8(self, tensor: str) -> bool:
         """Does the tensor hold INT8 data in the simulated engine?"""
-        p = self.producer(tensor)
+        p = self._producer.get(tensor)
         if p is None:
             t = self.tensors.get(tensor)
             return t is not None and t.dtype is not None and np.dtype(t.dtype) == np.int8
@@ -329,25 +347,31 @@ class SimGraph:
         """Topological order, ties broken by natural node-name order (independent of input order)."""
         if self._order is not None:
             return self._order
+        nodes, producer = self.nodes, self._producer    # the index never holds the tensor ""
         indeg: dict[str, int] = {}
         succ: dict[str, list[str]] = {}
-        for n in self.nodes.values():
-            preds = {src.name for t in n.inputs if t and (src := self.producer(t)) is not None}
-            preds.discard(n.name)
-            indeg[n.name] = len(preds)
+        for name, n in nodes.items():
+            preds = {src.name for t in n.inputs if (src := producer.get(t)) is not None}
+            preds.discard(name)
+            indeg[name] = len(preds)
             for p in preds:
-                succ.setdefault(p, []).append(n.name)
-        heap = [(self.nodes[k].key, k) for k, d in indeg.items() if d == 0]
+                if p in succ:
+                    succ[p].append(name)
+                else:
+                    succ[p] = [name]
+        heap = [(nodes[k].key, k) for k, d in indeg.items() if d == 0]
         heapq.heapify(heap)
         out = []
+        pop, push = heapq.heappop, heapq.heappush
         while heap:
-            _, name = heapq.heappop(heap)
-            out.append(self.nodes[name])
+            _, name = pop(heap)
+            out.append(nodes[name])
             for s in succ.get(name, ()):
-                indeg[s] -= 1
-                if indeg[s] == 0:
-                    heapq.heappush(heap, (self.nodes[s].key, s))
-        if len(out) != len(self.nodes):
+                d = indeg[s] - 1
+                indeg[s] = d
+                if d == 0:
+                    push(heap, (nodes[s].key, s))
+        if len(out) != len(nodes):
             raise ValueError("the graph has a cycle")
         self._order = out
         return out

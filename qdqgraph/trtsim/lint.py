@@ -20,6 +20,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,12 +111,40 @@ def _int4_check(g: SimGraph, n: SNode) -> list[Diagnostic]:
     return out
 
 
+_DTYPE_NAMES: dict = {}     # dtype -> its name: numpy computes `dtype.name` in Python, 7 us a call
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
+def _bad_scales(scale: np.ndarray) -> np.ndarray | None:
+    """Where `scale` is non-positive or non-finite; None when it is nowhere (a one-value float
+    scale, the common case, is read as a Python float)."""
+    if scale.size == 1 and scale.dtype.kind == "f":
+        v = float(scale.reshape(-1)[0])
+        if math.isfinite(v) and v > 0:
+            return None
+    bad = ~np.isfinite(scale.astype(np.float64)) | (scale <= 0)
+    return bad if bad.any() else None
+
+
+def _nonzero(zero_point: np.ndarray) -> bool:
+    """Does the zero point hold a value other than 0?"""
+    if zero_point.size == 1 and zero_point.dtype.kind in "iu":
+        return int(zero_point.reshape(-1)[0]) != 0
+    return bool(np.any(zero_point.astype(np.float32) != 0))
+
+
 def _scale_check(n: SNode) -> list[Diagnostic]:
     out = []
     qp = n.params
     if qp.scale is not None:
-        bad = ~np.isfinite(qp.scale.astype(np.float64)) | (qp.scale <= 0)
-        if bad.any():
+        bad = _bad_scales(qp.scale)
+        if bad is not None:
             out.append(Diagnostic("QDQ208", n.name, f"scale has {int(bad.sum())} non-positive or non-finite "
                                   f"value(s) (e.g. {qp.scale.reshape(-1)[bad.reshape(-1)][0]})",
                                   "scales must be finite and > 0; use 1.0 for an all-zero tensor (C3)"))
@@ -123,10 +152,10 @@ def _scale_check(n: SNode) -> list[Diagnostic]:
             out.append(Diagnostic("QDQ206", n.name, f"per-channel scale ({qp.scale.size} values) without `axis`: "
                                   "TensorRT's parser assumes axis 0, ONNX assumes 1",
                                   "write axis explicitly (C3)"))
-    if qp.scale is not None and qp.scale.dtype.name not in SCALE_TYPES:
+    if qp.scale is not None and _dtype_name(qp.scale.dtype) not in SCALE_TYPES:
         out.append(Diagnostic("QDQ213", n.name, f"scale of type {qp.scale.dtype.name}",
                               "write the scale as float32 (or float16/bfloat16 in an FP16/BF16 network) (C3)"))
-    if qp.zero_point is not None and np.any(qp.zero_point.astype(np.float32) != 0):
+    if qp.zero_point is not None and _nonzero(qp.zero_point):
         out.append(Diagnostic("QDQ207", n.name, "non-zero zero point: TensorRT only supports symmetric quantization",
                               "use zero point 0 (int8) or omit it (C2)"))
     return out
