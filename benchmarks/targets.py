@@ -37,13 +37,14 @@ DATA_RUNS = ("calibrate", "island ranges", "output-aware scales", "massive colum
 
 
 def run(argv: list[str], tree: Path, timeout: int) -> dict:
-    """Wall seconds, peak RSS (MB, the child's own ru_maxrss from wait4) and the last stderr line on
-    failure of `python -m qdqgraph ARGV` with `tree` first on the path, in a process of its own."""
+    """Wall seconds, peak RSS (MB, the child's own ru_maxrss from wait4) and its output (stdout and
+    stderr together, "stderr"), or the last line on failure, of `python -m qdqgraph ARGV` with
+    `tree` first on the path, in a process of its own."""
     env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "qdqgraph", *argv], env=env, cwd="/",
-                                stdout=subprocess.DEVNULL, stderr=err)
+                                stdout=err, stderr=subprocess.STDOUT)
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -51,15 +52,23 @@ def run(argv: list[str], tree: Path, timeout: int) -> dict:
         timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        last = (err.read().strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        text = err.read()
+        last = (text.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
     if proc.returncode != 0:
         return {"error": last if wall < timeout else f"not finished in {timeout} s", "wall_s": wall}
-    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024}
+    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "stderr": text}
 
 
-def without_data_runs(report: Path, wall: float) -> float:
+def without_data_runs(report: Path, wall: float, stderr: str = "") -> float:
+    """`wall` less the DATA_RUNS stages: from the --report profile, and the verify stage (which runs
+    after the report is written) from the profile table --verbose prints."""
     profile = json.loads(report.read_text()).get("profile", {})
-    return wall - sum(profile[s]["seconds"] for s in DATA_RUNS if s in profile)
+    data = sum(profile[s]["seconds"] for s in DATA_RUNS if s in profile)
+    for line in stderr.splitlines():
+        cells = line.split()
+        if len(cells) >= 2 and cells[0] == "verify" and line.startswith("  verify"):
+            data += float(cells[1])
+    return wall - data
 
 
 def models(args) -> list[dict]:
@@ -87,13 +96,14 @@ def models(args) -> list[dict]:
 
 def measure(case: dict, tree: Path, folder: Path, timeout: int) -> dict:
     out, report = folder / f"{case['name']}.qdq.onnx", folder / f"{case['name']}.json"
-    got = run(["insert", str(case["model"]), "--calib", str(case["calib"]), "-o", str(out), "--report", str(report), "--force"],
-              tree, timeout)
+    got = run(["insert", str(case["model"]), "--calib", str(case["calib"]), "-o", str(out), "--report", str(report),
+               "--force", "--verbose"], tree, timeout)
     if "error" in got:
         return got
-    got["without_data_s"] = without_data_runs(report, got["wall_s"])
+    got["without_data_s"] = without_data_runs(report, got["wall_s"], got.pop("stderr"))
     if case["name"] == "resnet_10000":
         rep = run(["report", str(out)], tree, timeout)
+        rep.pop("stderr", None)
         got["report_s"] = rep.get("wall_s", float("nan"))
     return got
 
