@@ -44,7 +44,7 @@ from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, 
 from .execution.profile import step
 from .report import InsertReport
 from .writing import write_model
-from .execution.memory import collects_every_stage, fewer_collections, fits, free_if_large
+from .execution.memory import collects_every_stage, fewer_collections, free_if_large
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
 from .trtsim import simulate, simulate_and_lint, SimReport
@@ -203,11 +203,7 @@ def _start(model, calib, config, calib_cache, progress, options) -> _Run:
     report = InsertReport(input=str(model) if isinstance(model, (str, os.PathLike)) else None, method=cfg.method,
                           config=cfg.to_dict())
     with report.stage("load"):
-        if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
-            tight = fits(model)             # weights that cannot fit are refused before they are read
-            if tight:
-                report.warnings.append(tight)
-        loaded, fixed = load_model(model, cfg)
+        loaded, fixed = load_model(model, cfg, report.warnings)
         report.profile.collect = collects_every_stage(loaded)
         report.add(fixed)
         report.opset_raised_from = loaded.opset_raised_from

@@ -5,6 +5,7 @@ read the calibration data once.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -23,6 +24,7 @@ from .passes.no_ops import remove_no_ops
 from .placement import load_ruleset, plan_placement
 from .placement.plan import Plan
 from .recipes.small_regions import refine
+from .execution.memory import fits
 from .execution.profile import step
 from .graph.view import GraphView
 
@@ -47,8 +49,14 @@ def refuse_quantized(loaded: io.Loaded) -> None:
                        "give qdqgraph the float model it came from (or inspect this one with `qdqgraph report`)")
 
 
-def load_model(model, config: QuantizeConfig) -> tuple[io.Loaded, list[PassResult]]:
-    """Load, refuse already-quantized models, and make the config's fixed inputs constants."""
+def load_model(model, config: QuantizeConfig, warnings: list[str] | None = None) -> tuple[io.Loaded, list[PassResult]]:
+    """Refuse a model file whose weights cannot fit in the memory left (execution.memory.fits; its
+    warning, where the peak may not fit, goes to `warnings`), load, refuse already-quantized models,
+    and make the config's fixed inputs constants."""
+    if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        tight = fits(model)             # before the weights are read
+        if tight and warnings is not None:
+            warnings.append(tight)
     fmt_opset, why = OPSETS[config.precision]
     loaded = io.load(model, min_opset=fmt_opset, why=why)
     refuse_quantized(loaded)

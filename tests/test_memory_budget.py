@@ -51,11 +51,12 @@ def test_available_memory_is_read_on_linux():
     assert got is None or got > 0
 
 
-def test_insert_refuses_in_one_line_and_writes_nothing(model_and_data, capsys, monkeypatch):
+@pytest.mark.parametrize("command,out_name", [("insert", "o.onnx"), ("calibrate", "cache.json")])
+def test_a_command_refuses_in_one_line_and_writes_nothing(model_and_data, capsys, monkeypatch, command, out_name):
     mp, dp = model_and_data
     monkeypatch.setattr(memory, "available_bytes", lambda: 64 * MB)
-    out = mp.parent / "o.onnx"
-    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out)]) == 2
+    out = mp.parent / out_name
+    assert main([command, str(mp), "--calib", str(dp), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "do not fit in the memory available" in err[0]
     assert not out.exists() and sorted(p.name for p in mp.parent.iterdir()) == ["calib.npz", "m.onnx"]

@@ -165,8 +165,7 @@ def bytes_on_disk(path: str | os.PathLike) -> int:
         model = onnx.load(str(p), load_external_data=False)
     except Exception:            # noqa: BLE001 - unreadable: loading says why
         return total
-    files = {e.value for t in _get_all_tensors(model) if uses_external_data(t)
-             for e in t.external_data if e.key == "location"}
+    files = {e.value for t in _external_tensors(model) for e in t.external_data if e.key == "location"}
     return total + sum((p.parent / f).stat().st_size for f in files if (p.parent / f).is_file())
 
 
