@@ -31,7 +31,7 @@ def write_model(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: 
     if cfg.high_precision == "fp32":
         with report.stage("insert"):
             model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy
-            _check(model, "quantized")
+            _check_raised(model, "quantized", report)     # the opset raised for per-channel Q/DQ, as below
         recorded.forget(model)          # an input's prediction describes another graph
         return model, loaded
     with report.stage("island ranges"):             # a run on calibration samples (rule H5)
@@ -96,25 +96,21 @@ def _at_precision_opset(loaded: io.Loaded, provenance: dict, high_precision: str
         return io.load(model, check=False)
 
 
-def _check(model: proto.ModelProto, what: str) -> None:
-    try:
-        io.check(model)
-    except proto.CHECK_ERRORS as e:
-        raise InvariantError(f"the {what} model fails the ONNX checker: {str(e).splitlines()[0]}") from e
-
-
-def _check_raised(model: proto.ModelProto, high_precision: str, report: InsertReport) -> None:
-    """The checker on the opset-19 model. Newer shape inference can prove a declared output shape
-    wrong that the model's own opset let pass (an exporter's stale declaration, say); then the
-    output shapes are left to inference, with a warning, and the check runs again."""
+def _check_raised(model: proto.ModelProto, what: str, report: InsertReport) -> None:
+    """The checker on the model at the opset its Q/DQ or islands raised it to. Newer shape inference
+    can prove a declared output shape wrong that the model's own opset let pass (an exporter's stale
+    declaration, say), and an output declared with an empty shape (a Paddle export's `shape {}`)
+    comes back from the graph without one, which the checker refuses; then the output shapes are
+    left to inference, with a warning, and the check runs again."""
     try:
         io.check(model)
         return
     except proto.CHECK_ERRORS as e:
         first = str(e).strip().splitlines()[0]
         declared = [o for o in model.graph.output if o.type.tensor_type.HasField("shape")]
-        if not declared:
-            raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
+        bare = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
+        if not declared and not bare:
+            raise InvariantError(f"the {what} model fails the ONNX checker: {first}") from e
     del model.graph.value_info[:]                 # shapes of the old opset, re-inferred below
     saved = {o.name: proto.empty_shape() for o in declared}
     for o in declared:
@@ -123,16 +119,21 @@ def _check_raised(model: proto.ModelProto, high_precision: str, report: InsertRe
     try:
         inferred = proto.infer_shapes_lenient(model)
     except proto.CHECK_ERRORS as e:
-        raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
+        raise InvariantError(f"the {what} model fails the ONNX checker: {first}") from e
     model.graph.value_info.extend(inferred.graph.value_info)
     shapes = {o.name: o.type.tensor_type for o in inferred.graph.output}
-    for o in declared:
+    for o in declared + bare:
         found = shapes.get(o.name)
-        o.type.tensor_type.shape.CopyFrom(found.shape if found is not None and found.HasField("shape")
-                                          else saved[o.name])
+        if found is not None and found.HasField("shape"):
+            o.type.tensor_type.shape.CopyFrom(found.shape)
+        elif o.name in saved:
+            o.type.tensor_type.shape.CopyFrom(saved[o.name])
+        else:                                      # inference finds none: the empty shape the export declared
+            o.type.tensor_type.shape.SetInParent()
     try:
         io.check(model)
     except proto.CHECK_ERRORS as e:
-        raise InvariantError(f"the {high_precision} model fails the ONNX checker: {first}") from e
-    report.warnings.append(f"at opset {io.opset_of(model)} the ONNX checker rejects the declared output shapes "
-                           f"({first}); the written model declares the shapes inference finds")
+        raise InvariantError(f"the {what} model fails the ONNX checker: {first}") from e
+    if declared:
+        report.warnings.append(f"at opset {io.opset_of(model)} the ONNX checker rejects the declared output shapes "
+                               f"({first}); the written model declares the shapes inference finds")
