@@ -85,6 +85,7 @@ CALIB_SAMPLES = 64
 HELDOUT_CROPS = 32
 VARIANTS = {
     "default": [],
+    "no-depthwise-check": ["--depthwise-check", "off"],
     "learned-rounding": ["--learned-rounding", "on"],
     "equalize": ["--equalize", "on"],
     "fp8": ["--precision", "fp8"],

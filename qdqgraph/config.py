@@ -44,6 +44,10 @@ EQUALIZE_MODES = ("auto", "on", "off")
 DEFAULT_SQNR_FLOOR = 25.0
 DEFAULT_FLOOR_INT8_FLOPS = 90.0
 LEARNED_ROUNDING_MODES = ("auto", "on", "off")
+DEPTHWISE_LOCAL_DB = 21.0      # --depthwise-check: a depthwise convolution whose own output SQNR is under
+                               # this with its input and weight quantized is a candidate for float
+DEPTHWISE_MAX_FLOPS = 0.03     # ... while the candidates cost at most this share of the FLOPs
+DEPTHWISE_MIN_GAIN_DB = 1.0    # ... and go float when the model's outputs gain at least this (measured)
 ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 while it costs at most this
                                # much output SQNR, measured against the same plan with attention float
 
@@ -144,6 +148,9 @@ class QuantizeConfig:
                                                # pairs: on | off | auto (passes.equalize); off by
                                                # measurement: it cost silero_vad_op15 10 dB
                                                # (docs/ACCURACY.md)
+    depthwise_check: bool = True               # depthwise convolutions whose quantized output falls under
+                                               # DEPTHWISE_LOCAL_DB on their own return to float where
+                                               # the outputs gain (measured; recipes.depthwise)
     fragile_heads: bool = True                 # keep float the head of an output far less accurate than
                                                # the others, within 2 % of the FLOPs (measured)
     sqnr_floor: float | None = None            # output SQNR (dB) the run falls back to reach, e.g.
@@ -258,6 +265,10 @@ class QuantizeConfig:
                            if _CLI() else "pass bias_correction=True, False or None")
         if self.equalize not in EQUALIZE_MODES:
             raise QdqError(f"unknown {option('equalize', self.equalize)}", f"use one of {', '.join(EQUALIZE_MODES)}")
+        if self.depthwise_check not in (True, False):
+            raise QdqError(f"{option('depthwise_check')} must be on or off (True or False), got {self.depthwise_check!r}",
+                           f"pass {option('depthwise_check', 'on|off', literal=False)}" if _CLI()
+                           else "pass depthwise_check=True or False")
         if self.fragile_heads not in (True, False):
             raise QdqError(f"{option('fragile_heads')} must be on or off (True or False), got {self.fragile_heads!r}",
                            f"pass {option('fragile_heads', 'on|off', literal=False)}" if _CLI()

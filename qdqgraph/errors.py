@@ -34,7 +34,7 @@ _CLI_WORDS: ContextVar[bool] = ContextVar("qdqgraph_cli_words", default=False)
 _FLAGS = {"exclude_ops": "--exclude-op", "exclude_nodes": "--exclude-node", "include_nodes": "--include-node",
           "fixed_inputs": "--fix-input", "custom_op_libraries": "--custom-op-library"}
 _SWITCHES: frozenset[str] = frozenset()                  # flags that take no value
-_ON_OFF = frozenset({"output_aware", "bias_correction", "fragile_heads"})   # True / False / None: on / off / auto
+_ON_OFF = frozenset({"output_aware", "bias_correction", "fragile_heads", "depthwise_check"})   # True / False / None: on / off / auto
 _UNSET = object()
 
 

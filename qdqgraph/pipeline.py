@@ -22,7 +22,7 @@ import numpy as np
 
 from .placement import advice, load_ruleset
 from .graph import attention, branches, io, proto
-from .recipes import attention_guard, output_aware, fidelity, learned_rounding, massive_columns
+from .recipes import attention_guard, depthwise, output_aware, fidelity, learned_rounding, massive_columns
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
 from .calib.collect import KEEP_BYTES
@@ -144,7 +144,7 @@ class _Run:
     plan: Plan = None                # type: ignore[assignment]  # set by the plan stage
     amax: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)   # ranges a recipe chose, over the calibrated ones
-    floated: tuple = ()              # nodes the attention check returned to float
+    floated: tuple = ()              # nodes the depthwise and attention checks returned to float
     known: dict | None = None        # learned INT8 weights
     means: dict | None = None        # bias correction's input means
     inserted: object = None          # the fallback's inserted trial, when it made one
@@ -263,14 +263,34 @@ def _calibrate(run: _Run) -> None:
         run.report.notes += branches.summary(branched)
 
 
-def _attention_step(run: _Run) -> None:
-    run.floated, run.report.attention = attention_guard.decide(run.loaded, run.plan, run.amax, run.real, run.cfg,
-                                                               run.progress, float_outputs=run.reference)
+def _depthwise_step(run: _Run) -> None:
+    assert run.real is not None, "_checks_depthwise asks for real data"
+    kept, run.report.depthwise = depthwise.decide(run.loaded, run.plan, run.amax, run.real, run.cfg, run.progress,
+                                                  float_outputs=run.reference)
     free_if_large(run.loaded)
-    if run.floated:
+    _replan(run, kept)
+
+
+def _replan(run: _Run, kept: tuple) -> None:
+    """The plan with `kept` (node, why) float too, the calibrated ranges carried over."""
+    if kept:
+        run.floated += kept
         per_tensor = {t: run.amax[rep] for rep, members in run.plan.groups().items() for t in members}
         run.plan = plan_for(run.loaded, run.cfg, run.floated)
         run.amax, _ = ranges_from_cache(run.plan, per_tensor)
+
+
+def _checks_depthwise(run: _Run) -> bool:
+    """--depthwise-check on, real data, INT8 or FP8 activations, and a quantized grouped convolution."""
+    return run.cfg.depthwise_check and run.real is not None and run.cfg.format is not None and \
+        bool(depthwise.candidates(run.loaded.graph, run.plan))
+
+
+def _attention_step(run: _Run) -> None:
+    kept, run.report.attention = attention_guard.decide(run.loaded, run.plan, run.amax, run.real, run.cfg,
+                                                        run.progress, float_outputs=run.reference)
+    free_if_large(run.loaded)
+    _replan(run, kept)
 
 
 def _rounding_step(run: _Run) -> None:
@@ -307,6 +327,7 @@ BEFORE_CALIBRATION = (
     _Step("smooth", lambda r: r.cfg.smooth_quant is not None, _smooth_step),
 )
 AFTER_CALIBRATION = (
+    _Step("depthwise check", _checks_depthwise, _depthwise_step),
     _Step("attention check", lambda r: bool(r.plan.activation_sites())
           and bool(attention_guard.attention_gemms(r.loaded.graph, r.plan)), _attention_step),
     _Step("learned rounding", lambda r: _learns_rounding(r.cfg, r.calib, r.loaded, r.plan, r.report)

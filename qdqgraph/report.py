@@ -74,6 +74,7 @@ class InsertReport(RunLog):
     notes: list[str] = field(default_factory=list)            # why little or nothing was quantized
     fallback: dict | None = None
     attention: dict | None = None     # --int8-attention: what was measured and decided
+    depthwise: dict | None = None     # --depthwise-check: what was measured and decided
     fidelity: dict | None = None      # measured decisions: bias correction (auto), fragile heads, --sqnr-floor
     int4: dict | None = None          # --precision int4: weights, bytes before and after
     tensorrt: dict | None = None      # the simulator's summary of the written model
@@ -139,7 +140,8 @@ class InsertReport(RunLog):
         ctx = SummaryContext(label(precision), precision, max_examples)
         sections: list[tuple[int, list[str]]] = [
             (0, [f"repaired: {r}" for r in self.repairs]), (5, self._opset_lines(precision)),
-            (40, self._calibration_lines()), (45, self._placement_lines()), (65, self._attention_lines(ctx)),
+            (40, self._calibration_lines()), (45, self._placement_lines()), (64, self._depthwise_lines(ctx)),
+            (65, self._attention_lines(ctx)),
             (80, self._op_lines(ctx)), (100, self._prediction_lines(ctx)), (110, self._fallback_lines(ctx)),
             (115, _fidelity_lines(self.fidelity, ctx.label)), (120, [f"note: {n}" for n in self.notes])]
         sections += self._pass_sections(ctx)
@@ -190,6 +192,19 @@ class InsertReport(RunLog):
         return [f"INT4 weights: {i['weights']} MatMul/Gemm weights in blocks of {i['block_size']} "
                 f"({i['method']}), {i['bytes_before'] / 2**20:.1f} MiB -> {i['bytes_after'] / 2**20:.1f} MiB; "
                 f"activations stay in the float type"]
+
+    def _depthwise_lines(self, ctx: SummaryContext) -> list[str]:
+        d, q = self.depthwise, ctx.label
+        if not d or "candidates" not in d:
+            return []
+        worst = sorted(d["candidates"].values())
+        head = (f"{len(worst)} depthwise convolution(s) whose own {q} output is under {d['local_db']:g} dB "
+                f"({worst[0]:.1f} to {worst[-1]:.1f} dB)")
+        measured = (f"outputs {d['all_quantized_db']:.1f} -> {d['floated_db']:.1f} dB with them float on "
+                    f"{d['samples']} sample(s), {d['flops_share']:.1f}% of the FLOPs")
+        if d["kept_float"]:
+            return [f"kept float: {head}: {measured}"]
+        return [f"depthwise check: {head} stay {q}: {measured}, too little gain"]
 
     def _attention_lines(self, ctx: SummaryContext) -> list[str]:
         a, q = self.attention, ctx.label

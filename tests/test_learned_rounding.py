@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from qdqgraph import quantize
 from qdqgraph.cli import main
 from qdqgraph.errors import QdqError
-from qdqgraph.recipes.learned_rounding import _conv_geometry, _patches, Target
+from qdqgraph.recipes.conv_math import conv_geometry as _conv_geometry
+from qdqgraph.recipes.learned_rounding import _patches, Target
 
 
 def conv_model(seed: int = 0, group: int = 1) -> onnx.ModelProto:

@@ -196,6 +196,8 @@ def config(args, **extra) -> QuantizeConfig:
         found["bias_correction"] = {"auto": None, "on": True, "off": False}[args.bias_correction]
     if hasattr(args, "fragile_heads"):
         found["fragile_heads"] = args.fragile_heads == "on"
+    if hasattr(args, "depthwise_check"):
+        found["depthwise_check"] = args.depthwise_check == "on"
     found.update(extra)
     return QuantizeConfig(**found)
 

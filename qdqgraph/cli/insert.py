@@ -72,6 +72,10 @@ def add(sub) -> None:
                         "between the convs with --calib, else by the weights); auto scales a pair as far as an "
                         "estimate of its rounding noise says it gains (needs --calib). Off by default: it helps "
                         "constructed pairs and cost silero_vad_op15 10 dB (docs/ACCURACY.md)")
+    g.add_argument("--depthwise-check", choices=["on", "off"], default="on",
+                   help="keep float the depthwise convolutions whose own output the quantized input and weight "
+                        "ruin (a tensor's small channels on a few INT8 steps, under a large folded weight), where "
+                        "the outputs gain and they cost at most 3%% of the FLOPs (measured; needs --calib)")
     g.add_argument("--fragile-heads", choices=["on", "off"], default="on",
                    help="keep float the last layers of an output whose own SQNR is far below the others' (a "
                         "regression head beside a classifier), where they cost at most 2%% of the FLOPs")

@@ -16,11 +16,10 @@ import onnx_graphsurgeon as gs
 from ..graph import attention, io
 from ..config import ATTENTION_MAX_LOSS_DB, QuantizeConfig
 from ..samples.data import CalibrationData
-from ..passes.insert import insert_qdq
 from ..placement.plan import Plan
 from ..errors import option
 from ..precisions.formats import label
-from .sensitivity import measure
+from .sensitivity import floated_gain
 from ..graph.view import GraphView
 
 
@@ -48,21 +47,13 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData | No
     if data is None:
         info.update(int8=True, why="no calibration data to measure its cost")
         return (), info
-    fmt = cfg.format
-    assert fmt is not None, "INT4 runs take their own pipeline, without this check"
-    trial = loaded.graph.copy()
-    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=fmt)
-    sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
-                             cfg.sensitivity_samples, stop_above_db=float("-inf"), progress=progress,
-                             only=set(gemms), reference=loaded, float_outputs=float_outputs)
-    floated_db = evaluate(set(gemms))
-    del evaluate, trial                # the trial graph and its session go before the plan is redone
-    loss = floated_db - sens.all_int8_db
-    info.update(all_int8_db=round(float(sens.all_int8_db), 2), attention_float_db=round(float(floated_db), 2),
-                loss_db=round(float(loss), 2), samples=sens.samples, int8=bool(loss <= ATTENTION_MAX_LOSS_DB))
+    all_db, floated_db, samples = floated_gain(loaded, plan, amax, data, cfg, set(gemms), progress, float_outputs)
+    loss = floated_db - all_db
+    info.update(all_int8_db=round(all_db, 2), attention_float_db=round(floated_db, 2),
+                loss_db=round(loss, 2), samples=samples, int8=bool(loss <= ATTENTION_MAX_LOSS_DB))
     if info["int8"]:
         return (), info
-    why = (f"attention: {label(cfg.precision)} attention costs {loss:.1f} dB output SQNR ({sens.all_int8_db:.1f} -> "
+    why = (f"attention: {label(cfg.precision)} attention costs {loss:.1f} dB output SQNR ({all_db:.1f} -> "
            f"{floated_db:.1f} dB with it float, over {ATTENTION_MAX_LOSS_DB:g} dB allowed; "
            f"{option('int8_attention', 'on')} keeps it)")
     return tuple((n, why) for n in gemms), info

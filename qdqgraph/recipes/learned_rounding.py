@@ -38,6 +38,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph import io
 from ..samples.data import CalibrationData
+from .conv_math import conv_geometry
 from ..errors import QdqError
 from ..precisions.formats import INT8
 from ..placement.plan import Plan, Site
@@ -161,25 +162,6 @@ def _from_rows_layout(t: Target, v: np.ndarray, shape: tuple) -> np.ndarray:
     return v[0].T
 
 
-def _conv_geometry(node: gs.Node, spatial: tuple, kernel: tuple):
-    d = len(kernel)
-    strides = list(node.attrs.get("strides", [1] * d))
-    dil = list(node.attrs.get("dilations", [1] * d))
-    pads = list(node.attrs.get("pads", [0] * 2 * d))
-    auto = node.attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        for i in range(d):
-            out = -(-spatial[i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - spatial[i])
-            small, large = total // 2, total - total // 2
-            pads[i], pads[i + d] = (small, large) if auto == "SAME_UPPER" else (large, small)
-    elif auto == "VALID":
-        pads = [0] * 2 * d
-    outs = [(spatial[i] + pads[i] + pads[i + d] - dil[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(d)]
-    return strides, dil, pads, outs
-
-
 def _patches(t: Target, kernel: tuple, x: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """`n` rows [n, G, K/G] of the layer's input `x` (one sample): for a Conv, the receptive fields
     of random output positions; for a Gemm/MatMul, random rows of its last axis."""
@@ -188,7 +170,7 @@ def _patches(t: Target, kernel: tuple, x: np.ndarray, n: int, rng: np.random.Gen
         return r[rng.choice(r.shape[0], min(n, r.shape[0]), replace=False)][:, None, :]
     g = int(t.node.attrs.get("group", 1))
     x = x[0] if x.ndim == len(kernel) + 2 else x        # [C, *spatial], batch 1
-    strides, dil, pads, outs = _conv_geometry(t.node, x.shape[1:], kernel)
+    strides, dil, pads, outs = conv_geometry(t.node, x.shape[1:], kernel)
     d = len(kernel)
     xp = np.pad(x, [(0, 0)] + [(pads[i], pads[i + d]) for i in range(d)])
     total = int(np.prod(outs))

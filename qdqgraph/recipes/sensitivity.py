@@ -34,6 +34,7 @@ from ..execution.runtime import graph_session, session
 from ..ops import DEQUANTIZE, IDENTITY, IF, QUANTIZE
 from ..execution.progress import stage, step
 from ..placement.plan import Plan
+from ..passes.insert import insert_qdq
 
 
 @dataclass
@@ -336,3 +337,20 @@ def choose_fallback(sens: Sensitivity, evaluate, budget_db: float | None, max_fl
             chosen.append(u.node)
             current = trial
     return chosen, current
+
+
+def floated_gain(loaded: io.Loaded, plan: Plan, amax: dict, data: CalibrationData, cfg, units: set[str],
+                 progress=None, float_outputs=None) -> tuple[float, float, int]:
+    """(output SQNR all quantized, with `units` float, samples): the Q/DQ model of `plan` built once
+    in a switchable session where only `units` can return to float, measured on
+    cfg.sensitivity_samples calibration samples against the float graph `loaded`."""
+    fmt = cfg.format
+    assert fmt is not None, "weight-only runs take their own pipeline, without these checks"
+    trial = loaded.graph.copy()
+    insert_qdq(trial, plan, amax, weights=cfg.weights, fmt=fmt)
+    sens, evaluate = measure(io.Loaded(graph=trial, ir_version=loaded.ir_version), plan, data,
+                             cfg.sensitivity_samples, stop_above_db=float("-inf"), progress=progress,
+                             only=set(units), reference=loaded, float_outputs=float_outputs)
+    floated_db = evaluate(set(units))
+    del evaluate, trial                # the trial graph and its session go before the plan is redone
+    return float(sens.all_int8_db), float(floated_db), int(sens.samples)

@@ -1,0 +1,54 @@
+"""A convolution's geometry from its attributes, and a grouped convolution in numpy for the
+recipes that compute one layer alone (learned rounding's patches, the depthwise check)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+
+def conv_geometry(node: gs.Node, spatial: tuple, kernel: tuple):
+    """(strides, dilations, pads [begins..., ends...], output sizes) of a Conv on `spatial` input
+    sizes, auto_pad resolved as ONNX defines it."""
+    d = len(kernel)
+    strides = list(node.attrs.get("strides", [1] * d))
+    dil = list(node.attrs.get("dilations", [1] * d))
+    pads = list(node.attrs.get("pads", [0] * 2 * d))
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        for i in range(d):
+            out = -(-spatial[i] // strides[i])
+            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - spatial[i])
+            small, large = total // 2, total - total // 2
+            pads[i], pads[i + d] = (small, large) if auto == "SAME_UPPER" else (large, small)
+    elif auto == "VALID":
+        pads = [0] * 2 * d
+    outs = [(spatial[i] + pads[i] + pads[i + d] - dil[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(d)]
+    return strides, dil, pads, outs
+
+
+def grouped_conv(node: gs.Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """The Conv `node` computes on `x` [N, C, *spatial] with weight `w` [O, C/group, *kernel] and
+    bias `b`, one kernel tap and input channel of a group at a time: cheap where each group reads
+    few channels (a depthwise convolution reads one)."""
+    group = int(node.attrs.get("group", 1))
+    out_ch, per_group = w.shape[0], w.shape[1]
+    kernel = tuple(w.shape[2:])
+    d = len(kernel)
+    strides, dil, pads, outs = conv_geometry(node, x.shape[2:], kernel)
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + d]) for i in range(d)])
+    y = np.zeros((x.shape[0], out_ch, *outs), dtype=np.float32)
+    per_out = out_ch // group
+    spread = (1, out_ch) + (1,) * d
+    for ci in range(per_group):
+        channels = (np.arange(out_ch) // per_out) * per_group + ci
+        src = xp if per_group == 1 and per_out == 1 else xp[:, channels]
+        for taps in itertools.product(*(range(k) for k in kernel)):
+            window = tuple(slice(taps[i] * dil[i], taps[i] * dil[i] + (outs[i] - 1) * strides[i] + 1, strides[i])
+                           for i in range(d))
+            y += w[(slice(None), ci) + taps].reshape(spread) * src[(slice(None), slice(None)) + window]
+    if b is not None:
+        y += b.reshape(spread)
+    return y
