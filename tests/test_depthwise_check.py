@@ -128,3 +128,6 @@ def test_grouped_conv_computes_what_onnxruntime_does(shape, cout, group, attrs):
     got = grouped_conv(conv, x, w, b)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    flat = want.reshape(want.shape[0], want.shape[1], -1)
+    at = np.sort(rng.choice(flat.shape[2], min(7, flat.shape[2]), replace=False))
+    np.testing.assert_allclose(grouped_conv(conv, x, w, b, at), flat[:, :, at], rtol=1e-4, atol=1e-4)

@@ -29,25 +29,31 @@ def conv_geometry(node: gs.Node, spatial: tuple, kernel: tuple):
     return strides, dil, pads, outs
 
 
-def grouped_conv(node: gs.Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+def grouped_conv(node: gs.Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 positions: np.ndarray | None = None) -> np.ndarray:
     """The Conv `node` computes on `x` [N, C, *spatial] with weight `w` [O, C/group, *kernel] and
     bias `b`, one kernel tap and input channel of a group at a time: cheap where each group reads
-    few channels (a depthwise convolution reads one)."""
+    few channels (a depthwise convolution reads one). With `positions` (flat indices into the
+    output's spatial grid), only those outputs: [N, O, len(positions)]."""
     group = int(node.attrs.get("group", 1))
     out_ch, per_group = w.shape[0], w.shape[1]
     kernel = tuple(w.shape[2:])
     d = len(kernel)
     strides, dil, pads, outs = conv_geometry(node, x.shape[2:], kernel)
     xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + d]) for i in range(d)])
-    y = np.zeros((x.shape[0], out_ch, *outs), dtype=np.float32)
+    at = None if positions is None else np.unravel_index(positions, outs)
+    y = np.zeros((x.shape[0], out_ch, *(outs if at is None else [len(positions)])), dtype=np.float32)
     per_out = out_ch // group
-    spread = (1, out_ch) + (1,) * d
+    spread = (1, out_ch) + (1,) * (d if at is None else 1)
     for ci in range(per_group):
         channels = (np.arange(out_ch) // per_out) * per_group + ci
         src = xp if per_group == 1 and per_out == 1 else xp[:, channels]
         for taps in itertools.product(*(range(k) for k in kernel)):
-            window = tuple(slice(taps[i] * dil[i], taps[i] * dil[i] + (outs[i] - 1) * strides[i] + 1, strides[i])
-                           for i in range(d))
+            if at is None:
+                window = tuple(slice(taps[i] * dil[i], taps[i] * dil[i] + (outs[i] - 1) * strides[i] + 1, strides[i])
+                               for i in range(d))
+            else:
+                window = tuple(at[i] * strides[i] + taps[i] * dil[i] for i in range(d))
             y += w[(slice(None), ci) + taps].reshape(spread) * src[(slice(None), slice(None)) + window]
     if b is not None:
         y += b.reshape(spread)

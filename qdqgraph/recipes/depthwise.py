@@ -10,12 +10,12 @@ took the model's outputs to 2-5 dB while every dense convolution stayed above 19
 see this; the calibration data can, cheaply, because such a layer is cheap to compute alone.
 
 After calibration, each quantized convolution with at most MAX_PER_GROUP input channels per group is
-computed in numpy on the first SAMPLES calibration samples twice: in float, and with its input and
-its weight on the grid the plan gives them. The layers whose own output SQNR is below
-DEPTHWISE_LOCAL_DB are the candidates, worst first, while they cost at most DEPTHWISE_MAX_FLOPS of the
-model's FLOPs. The Q/DQ model is then measured with the candidates quantized and float (one
-switchable session, qdqgraph.recipes.sensitivity); they return to float when the outputs gain at
-least DEPTHWISE_MIN_GAIN_DB. The summary line says which, why and what it cost.
+computed in numpy on the first SAMPLES calibration samples, at POSITIONS output positions of each,
+twice: in float, and with its input and its weight on the grid the plan gives them. The layers whose
+own output SQNR is below DEPTHWISE_LOCAL_DB are the candidates, worst first, while they cost at most
+DEPTHWISE_MAX_FLOPS of the model's FLOPs. The Q/DQ model is then measured with the candidates
+quantized and float (one switchable session, qdqgraph.recipes.sensitivity); they return to float
+when the outputs gain at least DEPTHWISE_MIN_GAIN_DB. The summary line says which, why and what it cost.
 """
 from __future__ import annotations
 
@@ -34,11 +34,12 @@ from ..passes.insert import quantize_weight, weight_scales
 from ..placement.plan import Plan
 from ..precisions.formats import Format, label
 from ..samples.data import CalibrationData
-from .conv_math import grouped_conv
+from .conv_math import conv_geometry, grouped_conv
 from .fidelity.floor import node_flops
 from .sensitivity import floated_gain
 
 SAMPLES = 4             # calibration samples each layer is computed on
+POSITIONS = 4096        # output positions of each sample it is computed at (all where there are fewer)
 MAX_PER_GROUP = 4       # input channels per group: a dense convolution averages a crushed channel away
 
 
@@ -89,12 +90,15 @@ def local_sqnr(loaded: io.Loaded, layers: list[Layer], amax: dict[str, float], d
     signal: dict[str, float] = defaultdict(float)
     noise: dict[str, float] = defaultdict(float)
     names = sorted({layer.tensor for layer in layers})
+    rng = np.random.default_rng(0)
     for values in float_activations(loaded, names, data, SAMPLES, "depthwise check"):
         for layer in layers:
             x = np.asarray(values[layer.tensor], dtype=np.float32)
             xq = fmt.fake_quantize(x, fmt.scale_of(amax[layer.tensor]))
-            y = grouped_conv(layer.node, x, layer.weight, layer.bias)
-            e = grouped_conv(layer.node, xq, weights[layer.node.name], layer.bias) - y
+            total = int(np.prod(conv_geometry(layer.node, x.shape[2:], layer.weight.shape[2:])[3]))
+            at = np.sort(rng.choice(total, POSITIONS, replace=False)) if total > POSITIONS else None
+            y = grouped_conv(layer.node, x, layer.weight, layer.bias, at)
+            e = grouped_conv(layer.node, xq, weights[layer.node.name], layer.bias, at) - y
             signal[layer.node.name] += float(np.vdot(y, y))
             noise[layer.node.name] += float(np.vdot(e, e))
     return {name: 10.0 * float(np.log10(max(signal[name], 1e-30) / max(noise[name], 1e-30))) for name in signal}
