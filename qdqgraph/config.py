@@ -48,6 +48,7 @@ DEPTHWISE_LOCAL_DB = 21.0      # --depthwise-check: a depthwise convolution whos
                                # this with its input and weight quantized is a candidate for float
 DEPTHWISE_MAX_FLOPS = 0.03     # ... while the candidates cost at most this share of the FLOPs
 DEPTHWISE_MIN_GAIN_DB = 1.0    # ... and go float when the model's outputs gain at least this (measured)
+DEPTHWISE_ENOUGH_DB = 30.0     # ... and are under this with them quantized: above it, no FLOPs are spent
 ATTENTION_MAX_LOSS_DB = 3.0    # --int8-attention auto keeps attention INT8 while it costs at most this
                                # much output SQNR, measured against the same plan with attention float
 

@@ -204,7 +204,9 @@ class InsertReport(RunLog):
                     f"{d['samples']} sample(s), {d['flops_share']:.1f}% of the FLOPs")
         if d["kept_float"]:
             return [f"kept float: {head}: {measured}"]
-        return [f"depthwise check: {head} stay {q}: {measured}, too little gain"]
+        why = (f"already over {d['enough_db']:g} dB" if d["all_quantized_db"] >= d.get("enough_db", float("inf"))
+               else "too little gain")
+        return [f"depthwise check: {head} stay {q}: {measured}, {why}"]
 
     def _attention_lines(self, ctx: SummaryContext) -> list[str]:
         a, q = self.attention, ctx.label

@@ -13,6 +13,7 @@ from motifs import G
 from qdqgraph.cli import build_parser, main
 from qdqgraph.cli.args import config as config_of
 from qdqgraph.graph import io
+from qdqgraph.recipes import depthwise
 from qdqgraph.recipes.conv_math import grouped_conv
 from test_fidelity_defaults import sqnr
 
@@ -67,6 +68,16 @@ def test_a_crushed_depthwise_conv_is_kept_float_and_said_so():
     assert d["floated_db"] > d["all_quantized_db"] + 1.0
     line = [s for s in on.report.summary().splitlines() if s.startswith("kept float: 1 depthwise")]
     assert line and "% of the FLOPs" in line[0], on.report.summary()
+
+
+def test_no_flops_are_spent_where_the_outputs_are_already_close_to_float(monkeypatch):
+    m, data = crushed_depthwise(), data_for()
+    monkeypatch.setattr(depthwise, "DEPTHWISE_ENOUGH_DB", -100.0)     # every output counts as close enough
+    out = qdqgraph.quantize(m, data, **OFF)
+    d = out.report.depthwise
+    assert list(d["candidates"]) == ["dw"] and not d["kept_float"], d
+    assert "dw" in dequantized_inputs(out.model)
+    assert "stay INT8" in out.report.summary() and "already over -100 dB" in out.report.summary()
 
 
 def test_a_balanced_depthwise_conv_stays_int8():

@@ -15,7 +15,9 @@ twice: in float, and with its input and its weight on the grid the plan gives th
 own output SQNR is below DEPTHWISE_LOCAL_DB are the candidates, worst first, while they cost at most
 DEPTHWISE_MAX_FLOPS of the model's FLOPs. The Q/DQ model is then measured with the candidates
 quantized and float (one switchable session, qdqgraph.recipes.sensitivity); they return to float
-when the outputs gain at least DEPTHWISE_MIN_GAIN_DB. The summary line says which, why and what it cost.
+when the outputs gain at least DEPTHWISE_MIN_GAIN_DB and are under DEPTHWISE_ENOUGH_DB with them
+quantized (a model already that close to float spends no FLOPs on it). The summary line says
+which, why and what it cost.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..config import DEPTHWISE_LOCAL_DB, DEPTHWISE_MAX_FLOPS, DEPTHWISE_MIN_GAIN_DB, QuantizeConfig
+from ..config import (DEPTHWISE_ENOUGH_DB, DEPTHWISE_LOCAL_DB, DEPTHWISE_MAX_FLOPS, DEPTHWISE_MIN_GAIN_DB,
+                      QuantizeConfig)
 from ..errors import option
 from ..execution.runtime import float_activations
 from ..graph import io
@@ -138,7 +141,8 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict[str, float], data: Calibrat
     share = sum(flops.get(n, 0.0) for n in chosen) / total
     info.update(candidates={n: round(local[n], 2) for n in chosen}, all_quantized_db=round(all_db, 2),
                 floated_db=round(floated_db, 2), flops_share=round(100.0 * share, 2), samples=samples,
-                kept_float=bool(gain >= DEPTHWISE_MIN_GAIN_DB))
+                kept_float=bool(gain >= DEPTHWISE_MIN_GAIN_DB and all_db < DEPTHWISE_ENOUGH_DB),
+                enough_db=DEPTHWISE_ENOUGH_DB)
     if not info["kept_float"]:
         return (), info
     q = label(cfg.precision)
