@@ -116,10 +116,12 @@ def check_plan(loaded: io.Loaded, plan: Plan) -> list[str]:
             f"their own rules" for domain, op, name in custom]
 
 
-def prepare(model, config: QuantizeConfig | None = None, **options) -> tuple[io.Loaded, Plan]:
-    """Load, fix inputs, clean and plan: what `quantize` and `calibrate` both start from."""
+def prepare(model, config: QuantizeConfig | None = None, warnings_to: list[str] | None = None,
+            **options) -> tuple[io.Loaded, Plan]:
+    """Load, fix inputs, clean and plan: what `quantize` and `calibrate` both start from. Loading's
+    warnings (a memory peak that may not fit) go to `warnings_to`."""
     cfg = config_from(config, **options)
-    loaded, _ = load_model(model, cfg)
+    loaded, _ = load_model(model, cfg, warnings_to)
     clean(loaded)
     plan = plan_for(loaded, cfg)
     check_plan(loaded, plan)

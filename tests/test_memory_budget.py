@@ -62,10 +62,12 @@ def test_a_command_refuses_in_one_line_and_writes_nothing(model_and_data, capsys
     assert not out.exists() and sorted(p.name for p in mp.parent.iterdir()) == ["calib.npz", "m.onnx"]
 
 
-def test_insert_warns_when_the_peak_is_tight(model_and_data, capsys, monkeypatch):
+@pytest.mark.parametrize("command,out_name", [("insert", "o.onnx"), ("calibrate", "cache.json")])
+def test_a_command_warns_when_the_peak_is_tight(model_and_data, capsys, monkeypatch, command, out_name):
     mp, dp = model_and_data
     weights = io.bytes_on_disk(mp)
     monkeypatch.setattr(memory, "available_bytes", lambda: memory.BASE_BYTES + weights + 1)
-    out = mp.parent / "o.onnx"
-    assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out)]) == 0
-    assert out.exists() and "may run out of memory" in capsys.readouterr().err
+    out = mp.parent / out_name
+    assert main([command, str(mp), "--calib", str(dp), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert out.exists() and "may run out of memory" in err and "qdqgraph: warning:" in err

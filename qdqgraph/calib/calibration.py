@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -230,7 +231,10 @@ def _calibrate(model, calib, cfg: QuantizeConfig, shard, keep_states: bool, prog
         raise QdqError("no calibration data given", "pass --calib DATA.npz")
     for lib in cfg.custom_op_libraries:
         register_custom_ops(lib)
-    loaded, plan = prepare(model, cfg)
+    said: list[str] = []
+    loaded, plan = prepare(model, cfg, warnings_to=said)
+    for line in said:                    # the command line prints them as `qdqgraph: warning:`
+        warnings.warn(line, stacklevel=3)
     data = read_data(loaded, calib, cfg)
     if shard is not None:
         data = data.shard(*shard)
