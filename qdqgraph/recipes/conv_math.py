@@ -42,7 +42,7 @@ def grouped_conv(node: gs.Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | No
     strides, dil, pads, outs = conv_geometry(node, x.shape[2:], kernel)
     xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + d]) for i in range(d)])
     at = None if positions is None else np.unravel_index(positions, outs)
-    y = np.zeros((x.shape[0], out_ch, *(outs if at is None else [len(positions)])), dtype=np.float32)
+    y = np.zeros((x.shape[0], out_ch, *(outs if at is None else [len(at[0])])), dtype=np.float32)
     per_out = out_ch // group
     spread = (1, out_ch) + (1,) * (d if at is None else 1)
     for ci in range(per_group):
