@@ -45,7 +45,10 @@ WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # Standalone reformats inside the network that qdqgraph's output is predicted to keep, each where a
 # part that runs float by design meets INT8 compute (README, "TensorRT prediction"); none elsewhere.
 INSIDE_AT_MOST = {"ppocr_mobile_v2_cls": 1, "magika_standard_v3": 2, "minilm_l6_v2": 18, "ddddocr_ocr": 2,
-                  "silero_vad_op15": 1}
+                  "silero_vad_op15": 1,
+                  # the depthwise check's 10 float layers write INT8 for the next layer; TensorRT for RTX
+                  # fuses those quantizations (3 standalone quantize kernels with the check and without)
+                  "layout_cdla": 11}
 
 
 def producer(t):
