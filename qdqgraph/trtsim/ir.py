@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,11 @@ class QParams:
     owner: str = ""                   # node name, to keep non-constant scales distinct
 
     def key(self):
+        return self._key
+
+    @cached_property
+    def _key(self) -> tuple:
+        """`key()`, made once (the lint and the merges compare every Q's parameters)."""
         if self.scale is None:
             return ("opaque", self.owner)
         zp = self.zero_point
