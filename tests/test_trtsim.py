@@ -167,6 +167,27 @@ def test_fixpoint_bound_raises_instead_of_looping():
         trtsim.simulate(m, bound=2)
 
 
+def test_a_graph_nothing_rewrites_is_tried_once_per_rewrite_and_node(monkeypatch):
+    """Where no Q/DQ moves, each rewrite is tried once on each node (the worklists), not again in
+    the confirming sweep; the misses are those of the final graph all the same."""
+    from qdqgraph.trtsim import propagate as prop
+    tried = []
+
+    def counted(try_):
+        def run(g, rules, trace, node):
+            tried.append((try_.__name__, node.name))
+            return try_(g, rules, trace, node)
+        return run
+    model = residual(quant_skip=False)
+    monkeypatch.setattr(prop, "_TRIES", tuple(counted(t) for t in prop._TRIES))
+    report = trtsim.simulate(model)
+    assert report.steps == 0
+    nodes = {name for _, name in tried}
+    assert len(tried) == len(set(tried)) == 3 * len(nodes) > 0      # once per kind of rewrite and node
+    q_dq = [n for n in io.load(model).graph.nodes if n.op in ("QuantizeLinear", "DequantizeLinear")]
+    assert all(n.name in report.misses for n in q_dq if n.name in nodes)   # each tried Q/DQ says why it stayed
+
+
 OPS = ("conv", "conv_float", "relu", "maxpool", "avgpool", "add", "mul", "concat", "transpose", "sigmoid", "flatten_gemm")
 
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import math
+
 import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -337,6 +339,8 @@ class _Retyper:
         self.result.rescaled_weights.append(node.name)
 
     def _safe_scale(self, t: gs.Constant, values: np.ndarray) -> np.ndarray:
+        if values.size == 1 and math.isfinite(v := float(values.reshape(-1)[0])) and v > 0:
+            return values                   # one scale that fits, as each activation's is (read as a float: exact)
         info = ml_dtypes.finfo(values.dtype)
         bad = ~np.isfinite(values.astype(np.float32)) | (values.astype(np.float32) <= 0)
         if bad.any():

@@ -27,8 +27,11 @@ class Match:
         return self.ok
 
 
+_HIT = Match(True)        # the plain hit, shared: a Match is not changed once made
+
+
 def hit(note: str = "", **captures) -> Match:
-    return Match(True, note, captures)
+    return Match(True, note, captures) if note or captures else _HIT
 
 
 def miss(reason: str) -> Match:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import numpy.typing as npt
 import onnx_graphsurgeon as gs
 
-from ..ops import Vocabulary, vocabulary
+from ..ops import CONSTANT, Vocabulary, vocabulary
 from ..graph.view import GraphView, is_bfloat16_dtype, is_float_dtype, subgraph_reads
 from .branches import through_branches
 import heapq
@@ -44,6 +44,11 @@ class QParams:
     owner: str = ""                   # node name, to keep non-constant scales distinct
 
     def key(self):
+        return self._key
+
+    @cached_property
+    def _key(self) -> tuple:
+        """`key()`, made once (the lint and the merges compare every Q's parameters)."""
         if self.scale is None:
             return ("opaque", self.owner)
         zp = self.zero_point
@@ -131,37 +136,54 @@ class SimGraph:
         g = cls(view.vocab)
         g.inputs = [t.name for t in graph.inputs]
         g.outputs = [t.name for t in graph.outputs]
+        g._read_tensors(view)
+        g._read_nodes(nodes)
+        g._index_all()
+        return g
+
+    def _read_tensors(self, view: GraphView) -> None:
+        """An STensor for every named tensor of `view`: its dtype (GraphView.dtype), shape and, for
+        a constant (an initializer or a Constant node's output), its value. The view's lookups,
+        inline: `from_gs` reads every tensor of a graph of tens of thousands."""
+        tensors = self.tensors
+        dtypes = view._dtypes
         for name, t in view.tensors.items():
             if not name:
                 continue
-            value = view.constant_value(t)
-            shape = view.shape(t)
-            g.tensors[name] = STensor(name, view.dtype(t), shape,
-                                      None if value is None else np.asarray(value))
+            if isinstance(t, gs.Constant):
+                value = t.values
+                tensors[name] = STensor(name, dtypes.get(name), tuple(value.shape), np.asarray(value))
+                continue
+            value = view.constant_value(t) if t.inputs and t.inputs[0].op == CONSTANT else None
+            tensors[name] = STensor(name, dtypes.get(name), tuple(t.shape) if t.shape is not None else None,
+                                    None if value is None else np.asarray(value))
+
+    def _read_nodes(self, nodes: list[gs.Node]) -> None:
+        """An SNode for every node (in `nodes` order, a topological one) but the Constant nodes
+        that are their value; names made unique; Q and DQ with their parameters."""
+        ops = self.vocab.ops_of
+        constant, quantize, dequantize = ops("constant"), ops("quantize"), ops("dequantize")
+        tensors = self.tensors
         used: set[str] = set()
         for n in nodes:
-            if view.vocab.is_(n, "constant") and all(g.tensors[o.name].is_const for o in n.outputs if o.name):
+            op = n.op
+            if op in constant and all(tensors[o.name].is_const for o in n.outputs if o.name):
                 continue  # a Constant node is its value
-            name = n.name or f"{n.op}({n.outputs[0].name if n.outputs else ''})"
+            name = n.name or f"{op}({n.outputs[0].name if n.outputs else ''})"
             while name in used:
                 name = f"{name}/{n.outputs[0].name if n.outputs else 'x'}"
             used.add(name)
             inputs = [t.name for t in n.inputs]
             # an If/Loop body reads outer tensors by name: implicit inputs, without which their
             # producers would look unused and be pruned (silero-vad lost its encoder that way)
-            inputs += [t for t in subgraph_reads(n) if t in g.tensors and t not in inputs]
-            node = SNode(name, n.op, inputs, [t.name for t in n.outputs], dict(n.attrs), origin=[name])
-            if view.vocab.is_(n, "quantize"):
-                node.role = Q
-            elif view.vocab.is_(n, "dequantize"):
-                node.role = DQ
-            if node.role in (Q, DQ):
-                node.qp = g._qparams(node)
-            node.key = natural_key(name)
-            g.nodes[name] = node
-            g.onnx_names[name] = n.op
-        g._index_all()
-        return g
+            inputs += [t for t in subgraph_reads(n) if t in tensors and t not in inputs]
+            role = Q if op in quantize else DQ if op in dequantize else OP
+            node = SNode(name, op, inputs, [t.name for t in n.outputs], dict(n.attrs), role, origin=[name],
+                         key=natural_key(name))
+            if role != OP:
+                node.qp = self._qparams(node)
+            self.nodes[name] = node
+            self.onnx_names[name] = op
 
     def _qparams(self, node: SNode) -> QParams:
         scale = self.const(node.inputs[1]) if len(node.inputs) > 1 else None

@@ -272,8 +272,10 @@ def _activations(g: SimGraph, n: SNode) -> list[str]:
 
 def _quantized_conv_branch(g: SimGraph, n: SNode) -> list[Diagnostic]:
     """QDQ202: a residual Add with both inputs quantized, one of them a conv branch (P6, F8)."""
+    if not g.vocab.is_(n, "add"):
+        return []
     acts = _activations(g, n)
-    if not (g.vocab.is_(n, "add") and len(acts) == 2):
+    if len(acts) != 2:
         return []
     srcs = [_qdq_source(g, t) for t in acts]
     if not all(s is not None for s in srcs):
@@ -317,9 +319,11 @@ def _quantized_bias_input(g: SimGraph, n: SNode) -> list[Diagnostic]:
 
 def _quantized_bias_add(g: SimGraph, n: SNode) -> list[Diagnostic]:
     """QDQ205: a quantized constant added to a conv pattern's output as its bias (P3)."""
+    if not g.vocab.is_(n, "add"):
+        return []
     acts = _activations(g, n)
     biases = [t for t in n.inputs if t and _const_qdq(g, t)]
-    if not (g.vocab.is_(n, "add") and biases and len(acts) == 1 and _conv_pattern(g, acts[0]) is not None):
+    if not (biases and len(acts) == 1 and _conv_pattern(g, acts[0]) is not None):
         return []
     bias_dq = g.producer(biases[0])
     assert bias_dq is not None      # _const_qdq: biases[0] is the output of a DQ

@@ -252,7 +252,9 @@ def propagate(g: SimGraph, rules: SimRuleSet, trace: Trace, bound: int | None = 
     nodes within two steps of every tensor it touched (all a rule's conditions look at), so the
     cost grows with the rewrites, not with graph size times rewrites. The fixpoint is then checked
     by one sweep over the whole graph, which also leaves every miss reason as the final graph
-    gives it; should the sweep still find a rewrite, the worklists go on from there."""
+    gives it; should the sweep still find a rewrite, the worklists go on from there. Where nothing
+    was rewritten (a float graph, or Q/DQ already where TensorRT keeps them) the worklists' one
+    try of each node was made on the final graph, in the sweep's order: the sweep is left out."""
     bound = default_bound(g) if bound is None else bound
     steps = 0
     position = dict(g.position())
@@ -293,6 +295,10 @@ def propagate(g: SimGraph, rules: SimRuleSet, trace: Trace, bound: int | None = 
                     step(k, fired)
                     break
             else:                       # every worklist is empty: confirm on the whole graph
+                if steps == 0:
+                    # nothing fired: the worklists tried every node once, in graph order, on the
+                    # graph as it is now, so the sweep would repeat each try (and each miss) as made
+                    return steps
                 found = next(((k, n) for k, try_ in enumerate(_TRIES) for n in list(g.order())
                               if n.name in g.nodes and try_(g, rules, trace, n)), None)
                 if found is None:
