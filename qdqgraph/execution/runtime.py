@@ -420,12 +420,18 @@ def _inputs_read(g: proto.GraphProto) -> set[str]:
 def float_activations(loaded: io.Loaded, names: list[str], data, samples: int, purpose: str):
     """Yield {tensor: value} of the float model's tensors `names`, one calibration sample at a time,
     for the first `samples` samples."""
+    for _, values in float_runs(loaded, names, data, samples, purpose):
+        yield values
+
+
+def float_runs(loaded: io.Loaded, names: list[str], data, samples: int, purpose: str):
+    """`float_activations`, each sample's values with its feed: (feed, {tensor: value})."""
     sess = graph_session(io.Loaded(graph=loaded.graph.copy(), ir_version=loaded.ir_version), purpose=purpose,
                          outputs=names)
     for k, feed in enumerate(data.batches(1)):
         if k >= samples:
             return
-        yield dict(zip(names, sess.run(names, feed)))
+        yield feed, dict(zip(names, sess.run(names, feed)))
 
 
 def deployment_session(model, providers: list[str] | None = None, options=None):
