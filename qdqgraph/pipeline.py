@@ -150,6 +150,7 @@ class _Run:
     inserted: object = None          # the fallback's inserted trial, when it made one
     measured_: bool | None = None
     reference: object = None         # float outputs on the first samples (calibration's, the fidelity reference), for --verify
+    products: massive_columns.Products | None = None   # massive columns' maxima from output-aware's float run
 
     @property
     def real(self) -> CalibrationData | None:
@@ -229,7 +230,11 @@ def _output_aware_step(run: _Run) -> None:
     # the float outputs of the first samples, from the float run the recipe makes anyway: the
     # calibration then need not keep them, and runs only the part of the graph its tensors need
     keeper = output_keeper(run.loaded.graph) if run.reference is None else None
-    passed, run.overrides = output_aware.run(run.loaded, run.plan, run.data, (keeper,) if keeper is not None else ())
+    # and the channel maxima massive columns measures, from the same run (its Products)
+    run.products = massive_columns.Products(run.loaded)
+    riders = (run.products,) + ((keeper,) if keeper is not None else ())
+    passed, run.overrides = output_aware.run(run.loaded, run.plan, run.data, riders)
+    run.products.close()
     kept = keeper.result() if keeper is not None else None
     if kept is not None and kept.samples >= min(KEEP_SAMPLES, run.data.count):
         run.reference = kept
@@ -241,7 +246,8 @@ def _output_aware_step(run: _Run) -> None:
 
 def _massive_step(run: _Run) -> None:
     assert run.data is not None, "_output_aware asks for real data"
-    passed = massive_columns.run(run.loaded, run.plan, run.data)
+    passed = massive_columns.run(run.loaded, run.plan, run.data, run.products)
+    run.products = None
     run.report.add([passed])
     if passed.changed:
         run.plan = plan_for(run.loaded, run.cfg)

@@ -1,8 +1,9 @@
 """One float pass over the calibration data for transformer models: what the recipes take from the
 float run they share must be what their own runs gave. The calibration of a graph cut down to its
 observed tensors bins what the whole graph's run bins; the float outputs output-aware's run keeps
-stand for the calibration's; the groups output-aware chose a range for are not calibrated. Each is
-checked against the separate pass it replaces, on a small encoder layer built here."""
+stand for the calibration's; the groups output-aware chose a range for are not calibrated; the
+massive columns found from output-aware's run are those a run of their own finds. Each is checked
+against the separate pass it replaces, on a small encoder layer built here."""
 import numpy as np
 import pytest
 
@@ -15,6 +16,7 @@ from qdqgraph.calib import histogram as histogram_module
 from qdqgraph.calib.collect import Keeper, collect
 from qdqgraph.execution import runtime
 from qdqgraph.prepare import model_inputs, prepare
+from qdqgraph.recipes import massive_columns, output_aware
 from qdqgraph.samples.data import CalibrationData
 
 T, H = 16, 32
@@ -129,8 +131,9 @@ def test_a_graph_too_large_to_cut_is_run_whole(monkeypatch):
 
 def _separate_passes(monkeypatch) -> None:
     """quantize() as it ran before the passes were shared: output-aware keeps no float outputs, the
-    calibration calibrates every group and keeps the outputs."""
+    calibration calibrates every group and keeps the outputs, massive columns runs its own pass."""
     monkeypatch.setattr(pipeline, "output_keeper", lambda graph: Keeper([]))
+    monkeypatch.setattr(massive_columns.Products, "maxima", lambda self, *a: None)
     real = pipeline._ranges
 
     def every_group(*a, **k):
@@ -182,7 +185,6 @@ def test_the_reference_output_aware_keeps_is_the_float_models_run(monkeypatch):
 def test_too_few_rows_samples_leave_the_outputs_to_the_calibration(monkeypatch):
     """Where output-aware's run stops before KEEP_SAMPLES samples (its rows are enough), the
     calibration keeps the float outputs as before."""
-    from qdqgraph.recipes import output_aware
     monkeypatch.setattr(output_aware, "SAMPLES", 3)
     calls = []
     real = calibration_module.calibrate_plan
@@ -193,3 +195,78 @@ def test_too_few_rows_samples_leave_the_outputs_to_the_calibration(monkeypatch):
     monkeypatch.setattr(pipeline, "calibrate_plan", spy)
     r = qdqgraph.quantize(encoder_layer(), encoder_data())
     assert calls == [True] and r.reference is not None and r.reference.samples == collect_module.KEEP_SAMPLES
+
+
+def _massive_runs(monkeypatch) -> list[int]:
+    """The samples each float run of massive columns' own takes."""
+    runs: list[int] = []
+    real = massive_columns.float_activations
+
+    def spy(*a, **k):
+        runs.append(0)
+        for values in real(*a, **k):
+            runs[-1] += 1
+            yield values
+    monkeypatch.setattr(massive_columns, "float_activations", spy)
+    return runs
+
+
+def _products(loaded, plan, data) -> massive_columns.Products:
+    """Products ridden along output-aware's float run, as quantize() makes it."""
+    products = massive_columns.Products(loaded)
+    output_aware.run(loaded, plan, data, (products,))
+    return products
+
+
+@pytest.mark.parametrize("rows", [8, 40, 4096])
+def test_massive_columns_from_the_shared_run_are_its_own_runs(monkeypatch, rows):
+    """The channel maxima computed from output-aware's run (its rows of fc2's input, times the
+    weight) choose the columns massive columns' own run chooses, over the same samples (its ROWS
+    rule: one sample of 16 rows, three, all twelve), the run then not made."""
+    monkeypatch.setattr(massive_columns, "ROWS", rows)
+    loaded, plan = prepare(encoder_layer())
+    data = CalibrationData(encoder_data(), model_inputs(loaded.graph))
+    products = _products(loaded, plan, data)
+    plan = pipeline.plan_for(loaded, qdqgraph.QuantizeConfig())
+    runs = _massive_runs(monkeypatch)
+    own = massive_columns.choose(loaded, plan, data)
+    assert runs == [min(-(-rows // T), massive_columns.SAMPLES)]
+    shared = massive_columns.choose(loaded, plan, data, products)
+    assert len(runs) == 1                    # no run of its own
+    assert list(own) == list(shared) == ["fc2"] and own["fc2"][1] == shared["fc2"][1] == [5]
+    assert shared["fc2"][2] == pytest.approx(own["fc2"][2], rel=1e-4)
+    np.testing.assert_array_equal(own["fc2"][0], shared["fc2"][0])       # the graph's weight, as it is now
+
+
+def test_a_ratio_at_the_threshold_is_left_to_the_own_run(monkeypatch):
+    """Where a column's ratio is within MARGIN of RATIO, the rounding between the two runs could
+    choose differently: the recipe runs its own pass."""
+    loaded, plan = prepare(encoder_layer())
+    data = CalibrationData(encoder_data(), model_inputs(loaded.graph))
+    products = _products(loaded, plan, data)
+    plan = pipeline.plan_for(loaded, qdqgraph.QuantizeConfig())
+    runs = _massive_runs(monkeypatch)
+    own = massive_columns.choose(loaded, plan, data)
+    monkeypatch.setattr(massive_columns, "RATIO", own["fc2"][2] * (1 + massive_columns.MARGIN / 2))
+    massive_columns.choose(loaded, plan, data, products)
+    assert len(runs) == 2
+    monkeypatch.setattr(massive_columns, "RATIO", own["fc2"][2] * (1 + 3 * massive_columns.MARGIN))
+    massive_columns.choose(loaded, plan, data, products)
+    assert len(runs) == 2
+
+
+def test_products_that_miss_samples_or_layers_leave_the_own_run(monkeypatch):
+    """Fewer samples kept than the own run would take (output-aware's run stopped earlier), or a
+    candidate whose input that run did not fetch: the recipe runs its own pass."""
+    loaded, plan = prepare(encoder_layer())
+    data = CalibrationData(encoder_data(), model_inputs(loaded.graph))
+    monkeypatch.setattr(output_aware, "SAMPLES", 2)
+    products = _products(loaded, plan, data)
+    monkeypatch.setattr(massive_columns, "ROWS", 3 * T)
+    plan = pipeline.plan_for(loaded, qdqgraph.QuantizeConfig())
+    runs = _massive_runs(monkeypatch)
+    massive_columns.choose(loaded, plan, data, products)
+    assert runs == [3]
+    products.samples = [{} for _ in products.samples]
+    massive_columns.choose(loaded, plan, data, products)
+    assert len(runs) == 2

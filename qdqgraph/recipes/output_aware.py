@@ -78,10 +78,11 @@ def _quant_act(x: np.ndarray, amax: float) -> np.ndarray:
 
 
 class Rider(Protocol):
-    """Another use of the float run `rows` makes: the graph outputs `names` of each sample it runs
-    are handed to `add(sample, 1, feed, {name: value})` (calib.collect's keeper of the float outputs
-    is one). Only tensors that are graph outputs already ride along: another output asked of the
-    session could change what onnxruntime fuses, and with it the last bits of the rows."""
+    """Another use of the float run `rows` makes: of the tensors `names`, those the run fetches
+    anyway (its own tensors and the graph outputs) are handed to `add(sample, 1, feed, {name:
+    value})` for each sample it runs (calib.collect's keeper of the float outputs is one, massive
+    columns' Products another). No other tensor is fetched for a rider: another output asked of
+    the session could change what onnxruntime fuses, and with it the last bits of the rows."""
 
     names: list[str]
 
