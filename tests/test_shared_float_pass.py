@@ -270,3 +270,17 @@ def test_products_that_miss_samples_or_layers_leave_the_own_run(monkeypatch):
     products.samples = [{} for _ in products.samples]
     massive_columns.choose(loaded, plan, data, products)
     assert len(runs) == 2
+
+
+def test_a_product_that_is_not_finite_leaves_the_own_run():
+    """onnxruntime's max may drop a NaN the own run's keeps: a layer whose product is not finite on a
+    sample is left out of the products (its choice made by the own run)."""
+    loaded, plan = prepare(encoder_layer())
+    products = massive_columns.Products(loaded)
+    (name, (x, _)), = [(n, io_) for n, io_ in products.layers.items() if n == "fc2"]
+    good = np.random.default_rng(0).standard_normal((1, T, 2 * H)).astype(np.float32)
+    bad = good.copy()
+    bad[0, 3, 1] = np.nan
+    products.add(0, 1, {}, {x: good})
+    products.add(1, 1, {}, {x: bad})
+    assert name in products.samples[0] and name not in products.samples[1]

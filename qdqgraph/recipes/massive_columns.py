@@ -16,10 +16,13 @@ columns in 12 layers for no further gain on the sentence embedding.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..execution.runtime import float_activations
+from ..execution.runtime import float_activations, graph_session
+from ..ops import ABS, MATMUL, REDUCE_MAX, REDUCE_SUM
 from ..graph import io
 from ..graph.view import GraphView
 from ..passes.base import PassResult
@@ -86,15 +89,16 @@ def massive(cmax: np.ndarray) -> tuple[list[int], float]:
 class Products:
     """The channel maxima this recipe measures, from a float run made for another (a rider of
     recipes.output_aware.rows): every residual-writing MatMul whose input that run fetches anyway
-    has its product computed here, in numpy, on the samples this recipe's own run would take.
+    has its product's channel maxima computed here, in a small onnxruntime session of those
+    products alone, on the samples this recipe's own run would take. (numpy's products, between
+    that run's runs, had their threads and onnxruntime's contend for the cores: MiniLM's 96 small
+    products took 0.13 s a sample.)
 
-    That run is of the graph before output-aware's smoothing, and numpy's sums are not
-    onnxruntime's: the maxima are those of the recipe's own run up to float32 rounding (the
-    smoothing is exact arithmetic, a division and its product), about 1e-6 apart. The columns are
-    chosen by a threshold on them (RATIO), so a ratio within MARGIN of it leaves the choice to the
-    recipe's own run (`maxima` returns None), and the columns are those it would choose.
-    On Whisper tiny.en's encoder the products of its 3 samples cost 0.3 s against 1.1 s for
-    the run."""
+    That run is of the graph before output-aware's smoothing: the maxima are those of the recipe's
+    own run up to float32 rounding (the smoothing is exact arithmetic, a division and its product),
+    about 1e-6 apart. The columns are chosen by a threshold on them (RATIO), so a ratio within
+    MARGIN of it leaves the choice to the recipe's own run (`maxima` returns None), as does a value
+    that is not finite: the columns are those that run would choose."""
 
     def __init__(self, loaded: io.Loaded):
         view = GraphView(loaded.graph)
@@ -108,29 +112,61 @@ class Products:
         self.names = sorted({x for x, _ in self.layers.values()})
         self.samples: list[dict[str, tuple[int, np.ndarray]]] = []   # per sample: node -> (rows, maxima)
         self.rows = 0
+        self.sess: Any = None
+        self.opened = False
+        self.computed: list[str] = []               # the nodes the session computes, in its outputs' order
 
     def add(self, sample: int, n: int, feed: dict, out: dict) -> None:
-        if sample != len(self.samples) or len(self.samples) >= SAMPLES or self.rows >= ROWS or not self.weights:
+        if sample != len(self.samples) or len(self.samples) >= SAMPLES or self.rows >= ROWS:
             return
+        if not self.opened:
+            self._open(out)
+        if self.sess is None:
+            return
+        inputs = {self.layers[name][0] for name in self.computed}
+        flat = {x: np.asarray(out[x], dtype=np.float32) for x in inputs}
+        got = self.sess.run(None, {f"x:{x}": v.reshape(-1, v.shape[-1]) for x, v in flat.items()})
         here = {}
-        for name, (x, _) in self.layers.items():
-            w = self.weights[name]
-            if x in out:
-                v = np.asarray(out[x], dtype=np.float32)
-                y = np.abs(v.reshape(-1, v.shape[-1]) @ w) if v.ndim >= 1 and v.shape[-1] == w.shape[0] else None
-                if y is not None:
-                    rows = int(np.prod(v.shape[:-1]))
-                    here[name] = (rows, y.max(axis=0) if y.size else np.zeros(w.shape[1], np.float32))
+        for name, cmax, total in zip(self.computed, got[0::2], got[1::2]):
+            x = flat[self.layers[name][0]]
+            if np.isfinite(total):           # else the own run decides (onnxruntime's max drops NaN)
+                here[name] = (int(np.prod(x.shape[:-1])), cmax)
         self.samples.append(here)
         self.rows += min((r for r, _ in here.values()), default=ROWS)
         if len(self.samples) >= SAMPLES or self.rows >= ROWS:
             self.close()
 
-    def close(self) -> None:
-        """Drop the weights (no more products to compute): output-aware's smoothing replaces them
-        in the graph, and on DistilBERT they would hold 72 MB of replaced weights until massive
-        columns runs."""
+    def _open(self, out: dict) -> None:
+        """The session of the products of the layers whose input the run hands out: its weights
+        are the graph's arrays, shared (no copy), which it holds until `close`."""
+        self.opened = True
+        g = gs.Graph(opset=17)
+        fed: dict[str, gs.Variable] = {}
+        for name, (x, _) in self.layers.items():
+            w = self.weights[name]
+            v = out.get(x)
+            if v is None or np.ndim(v) < 1 or np.shape(v)[-1] != w.shape[0] or not np.size(v):
+                continue
+            if x not in fed:
+                fed[x] = gs.Variable(f"x:{x}", dtype=np.float32, shape=["rows", w.shape[0]])
+                g.inputs.append(fed[x])
+            k = len(self.computed)
+            y = g.layer(op=MATMUL, inputs=[fed[x], gs.Constant(f"w{k}", w)],
+                        outputs=[gs.Variable(f"y{k}", dtype=np.float32)])[0]
+            a = g.layer(op=ABS, inputs=[y], outputs=[gs.Variable(f"a{k}", dtype=np.float32)])[0]
+            g.outputs += [g.layer(op=REDUCE_MAX, inputs=[a], attrs={"axes": [0], "keepdims": 0},
+                                  outputs=[gs.Variable(f"max{k}", dtype=np.float32)])[0],
+                          g.layer(op=REDUCE_SUM, inputs=[a], attrs={"keepdims": 0},
+                                  outputs=[gs.Variable(f"sum{k}", dtype=np.float32)])[0]]
+            self.computed.append(name)
         self.weights = {}
+        if self.computed:
+            self.sess = graph_session(io.Loaded(graph=g), purpose="massive columns", spin=False, share=True)
+
+    def close(self) -> None:
+        """No more products to compute: the session (and its copy of the weights) and the weights
+        go (output-aware's smoothing replaces the graph's; on DistilBERT they hold 72 MB)."""
+        self.sess, self.weights = None, {}
 
     def maxima(self, found: dict[str, np.ndarray], outputs: dict[str, str],
                available: int) -> dict[str, np.ndarray] | None:
