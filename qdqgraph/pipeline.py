@@ -25,7 +25,7 @@ from .graph import attention, branches, io, proto
 from .recipes import attention_guard, depthwise, output_aware, fidelity, learned_rounding, massive_columns
 from .execution import distributed
 from .calib.calibration import calibrate_plan, ranges_from_cache
-from .calib.collect import KEEP_BYTES
+from .calib.collect import KEEP_BYTES, KEEP_SAMPLES, output_keeper
 from .config import QuantizeConfig, config_from, DEFAULT_SQNR_FLOOR
 from .samples.data import CalibrationData
 from .errors import InvariantError, QdqError, option
@@ -150,6 +150,7 @@ class _Run:
     inserted: object = None          # the fallback's inserted trial, when it made one
     measured_: bool | None = None
     reference: object = None         # float outputs on the first samples (calibration's, the fidelity reference), for --verify
+    products: massive_columns.Products | None = None   # massive columns' maxima from output-aware's float run
 
     @property
     def real(self) -> CalibrationData | None:
@@ -225,7 +226,18 @@ def _equalize(run: _Run) -> None:
 
 
 def _output_aware_step(run: _Run) -> None:
-    passed, run.overrides = output_aware.run(run.loaded, run.plan, run.data)
+    assert run.data is not None, "_output_aware asks for real data"
+    # the float outputs of the first samples, from the float run the recipe makes anyway: the
+    # calibration then need not keep them, and runs only the part of the graph its tensors need
+    keeper = output_keeper(run.loaded.graph) if run.reference is None else None
+    # and the channel maxima massive columns measures, from the same run (its Products)
+    run.products = massive_columns.Products(run.loaded)
+    riders = (run.products,) + ((keeper,) if keeper is not None else ())
+    passed, run.overrides = output_aware.run(run.loaded, run.plan, run.data, riders)
+    run.products.close()
+    kept = keeper.result() if keeper is not None else None
+    if kept is not None and kept.samples >= min(KEEP_SAMPLES, run.data.count):
+        run.reference = kept
     run.report.add([passed])
     free_if_large(run.loaded)           # the weights the smoothing replaced, before planning again
     if passed.changed:
@@ -234,7 +246,8 @@ def _output_aware_step(run: _Run) -> None:
 
 def _massive_step(run: _Run) -> None:
     assert run.data is not None, "_output_aware asks for real data"
-    passed = massive_columns.run(run.loaded, run.plan, run.data)
+    passed = massive_columns.run(run.loaded, run.plan, run.data, run.products)
+    run.products = None
     run.report.add([passed])
     if passed.changed:
         run.plan = plan_for(run.loaded, run.cfg)
@@ -250,12 +263,17 @@ def _smooth_step(run: _Run) -> None:
 def _calibrate(run: _Run) -> None:
     """Ranges for the plan (a recipe's chosen ranges over them), then the If branches."""
     with run.report.stage("calibrate"):
-        run.amax, run.reference = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache,
-                                          run.cfg, run.report, run.progress)
+        # the groups a recipe chose a range for take it in place of the calibrated one: they are not
+        # calibrated; nor are the float outputs kept again where a recipe's float run kept them
+        chosen = {rep for rep, members in run.plan.groups().items() if any(t in run.overrides for t in members)} \
+            if run.calib_cache is None else set()
+        run.amax, reference = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache,
+                                      run.cfg, run.report, run.progress, chosen, run.reference is None)
+        run.reference = reference if run.reference is None else run.reference
         for rep, members in run.plan.groups().items():
-            chosen = [run.overrides[t] for t in members if t in run.overrides]
-            if chosen and run.calib_cache is None:
-                run.amax[rep] = max(chosen)
+            chosen_ranges = [run.overrides[t] for t in members if t in run.overrides]
+            if chosen_ranges and run.calib_cache is None:
+                run.amax[rep] = max(chosen_ranges)
         free_if_large(run.loaded)
     with run.report.stage("if branches"):    # each branch from the samples that take it (qdqgraph.graph.branches)
         branched = branches.quantize_branches(run.loaded, run.real, run.cfg, quantize)
@@ -536,9 +554,13 @@ def _learn_rounding(loaded: io.Loaded, plan: Plan, amax: dict, data: Calibration
 
 
 def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: bool, calib_cache,
-            cfg: QuantizeConfig, report: InsertReport, progress) -> tuple[dict[str, float], object]:
+            cfg: QuantizeConfig, report: InsertReport, progress, chosen: set[str] | frozenset[str] = frozenset(),
+            outputs: bool = True) -> tuple[dict[str, float], object]:
     """amax per scale group: from the cache (and the data for what it lacks), or from the data;
-    and the float outputs the calibration runs computed on the first samples (real data only)."""
+    and the float outputs the calibration runs computed on the first samples (real data only).
+    `chosen`: groups whose range a recipe chose, left out of the calibration from data (their amax
+    is missing from what this returns); `outputs`: whether to keep the float outputs (without
+    them, the calibration runs only the part of the graph its tensors need)."""
     if calib_cache is not None:
         amax, missing = ranges_from_cache(plan, calib_cache, can_calibrate=real)
         if missing:
@@ -549,7 +571,9 @@ def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: b
                                    f"calibration cache; calibrated them from the data ({cfg.method})")
             return amax, cal.outputs
         return amax, None
-    cal = calibrate_plan(loaded, plan, data, cfg, progress)
+    left = set(plan.groups()) - chosen
+    cal = calibrate_plan(loaded, plan, data, cfg, progress, only=left if chosen and (left or not outputs) else None,
+                         keep_outputs=outputs)
     report.samples, report.calibration_seconds = cal.samples, cal.seconds
     return cal.amax, cal.outputs if real else None
 

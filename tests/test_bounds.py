@@ -136,3 +136,18 @@ def test_a_value_the_op_writes_itself_is_in_the_bound():
     g.output("y")
     b = Bounds(GraphView(io.load(g.model(opset=10)).graph))
     assert b.bound[c] == pytest.approx(1.0, rel=1e-5) and b.bound["y"] >= 1e5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_a_constants_bound_is_its_max_abs_in_float64(dtype):
+    """A constant's bound (taken in its own type, the float32 ones in the kernel's one pass) is
+    max |x| computed in float64, NaN and infinity included, 0 for an empty one."""
+    import onnx_graphsurgeon as gs
+    rng = np.random.default_rng(0)
+    cases = [rng.standard_normal((300, 7)) * 100, np.array([1.0, -np.inf]), np.array([np.nan, 2.0]), np.zeros(0)]
+    for k, values in enumerate(cases):
+        c = gs.Constant(f"c{k}", np.asarray(values, dtype=dtype))
+        g = gs.Graph(nodes=[gs.Node("Relu", inputs=[c], outputs=[gs.Variable(f"y{k}", dtype=dtype)])], opset=17)
+        want = float(np.max(np.abs(c.values.astype(np.float64)))) if c.values.size else 0.0
+        got = Bounds(GraphView(g)).of(c)
+        assert got == want or (np.isnan(got) and np.isnan(want)), (dtype, k, got, want)

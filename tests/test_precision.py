@@ -335,3 +335,14 @@ def test_a_record_field_the_file_may_leave_out_takes_its_default_and_is_type_che
     finally:
         monkeypatch.undo()
         registry.precisions.cache_clear()
+
+
+@pytest.mark.parametrize("values", [[1.0, -5.0, 3.0], [1.0, float("nan"), -5.0], [2.0, -float("inf")], [-0.0],
+                                    [-3e38, 1e38]])
+def test_island_ranges_take_max_abs_as_numpy_does(values):
+    """The island ranges' max |x| (the compiled kernel's pass) is np.nanmax(np.abs(x)): NaNs left
+    out, infinities kept, on contiguous and strided arrays."""
+    from qdqgraph.passes.precision import _abs_max
+    x = np.array(values * 50, np.float32).reshape(-1, len(values))
+    for a in (x, x[::3], x.T):
+        assert _abs_max(a) == float(np.nanmax(np.abs(a)))

@@ -144,8 +144,10 @@ def ranges_from_cache(plan: Plan, cache, can_calibrate: bool = False) -> tuple[d
 
 
 def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config: QuantizeConfig,
-                   progress=None, only: set[str] | None = None, keep_states: bool = False) -> Calibration:
-    """Calibrate the scale groups of `plan` (or those in `only`) on `data`."""
+                   progress=None, only: set[str] | None = None, keep_states: bool = False,
+                   keep_outputs: bool = True) -> Calibration:
+    """Calibrate the scale groups of `plan` (or those in `only`) on `data`; with `keep_outputs`, keep the
+    graph outputs of the first samples (Calibration.outputs), else run only what the groups need."""
     config_method = config.method
     assert config_method is not None, "QuantizeConfig fills in the precision's default method"
     groups = plan.groups()
@@ -161,7 +163,7 @@ def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config:
         states, samples, seconds = _collect_on_ray(loaded, groups, data, method, config, providers, progress)
     else:
         got = collect(loaded, groups, data, method=method, batch_size=config.batch_size, providers=providers,
-                      progress=progress, lanes=config.lanes)
+                      progress=progress, lanes=config.lanes, outputs=keep_outputs)
         states, samples, seconds, outputs = got.states, got.samples, got.seconds, got.outputs
     amax = {} if keep_states else exact_ranges(plan, amax_from_states(states, config_method, config.percentile))
     return Calibration(groups, amax, states if keep_states else None, config_method, samples, seconds,

@@ -44,7 +44,8 @@ from ..graph import io, proto
 from ..samples.data import CalibrationData
 from ..errors import QdqError
 from ..ops import ABS, CAST, IDENTITY, MUL, REDUCE_MAX, SLICE
-from ..execution.runtime import BlockedOutputs, graph_session, unordered_session
+from ..execution.runtime import LARGE_GRAPH_NODES, BlockedOutputs, graph_session, unordered_session
+from ..execution import runtime
 from .histogram import COMPILED, RangeState, abs_max, finite
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -131,7 +132,7 @@ class FloatOutputs:
     samples: int = 0
 
 
-class _Keeper:
+class Keeper:
     """Copies of the graph outputs `names` of the runs of the first KEEP_SAMPLES samples (any
     order, several threads), then those of the samples from 0 on without a gap."""
 
@@ -160,6 +161,12 @@ class _Keeper:
                 kept.outputs[k].append(v)
             kept.samples += n
         return kept if kept.samples else None
+
+
+def output_keeper(graph: gs.Graph) -> Keeper:
+    """A Keeper of the float graph outputs of `graph`, for a float run of it other than a
+    calibration's (recipes.output_aware.rows hands its runs' outputs to it)."""
+    return Keeper(_kept_outputs(graph, {}, None))
 
 
 def _kept_outputs(graph: gs.Graph, fetch: dict, blocked: BlockedOutputs | None) -> list[str]:
@@ -194,9 +201,11 @@ def _subsampled(g: gs.Graph, t: gs.Tensor, i: int, stride: int) -> gs.Tensor:
                    outputs=[gs.Variable(f"qdqgraph_calib_subsample_{i}", dtype=np.float32)])[0]
 
 
-def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRIDE) -> tuple[gs.Graph, dict]:
+def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRIDE,
+              only: bool = False) -> tuple[gs.Graph, dict]:
     """A copy of `graph` that also outputs each tensor (or the spatial subsample of a large map):
-    (graph, {tensor: output to fetch, or None for a graph input, which is read from the feed})."""
+    (graph, {tensor: output to fetch, or None for a graph input, which is read from the feed}).
+    `only`: the copy computes nothing else (`_pruned`)."""
     g = graph.copy()
     existing = g.tensors()
     inputs = {t.name for t in g.inputs}
@@ -216,13 +225,45 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
             g.outputs.append(t)
             outputs.add(t.name)
         fetch[name] = t.name
+    if only:
+        _pruned(g, sorted({f for f in fetch.values() if f is not None}))
     return g, fetch
 
 
+def _pruned(g: gs.Graph, names: list[str]) -> None:
+    """`g` (in place) with the tensors `names` as its only outputs and without the nodes that do
+    not lead to them: what follows the last observed tensor is not run. onnxruntime runs every
+    node of its graph whichever outputs a run asks for, and the nodes kept compute what they
+    computed in the whole graph. Where no tensor is left to compute (every one is read from the
+    feed), an Identity of the first input keeps a graph to open a session on."""
+    tensors = g.tensors()
+    outputs = [tensors[n] for n in names]
+    if not outputs:
+        x = g.inputs[0]
+        outputs = g.layer(op=IDENTITY, name="qdqgraph_calib_nothing", inputs=[x],
+                          outputs=[gs.Variable("qdqgraph_calib_nothing", dtype=x.dtype)])
+    g.outputs = list(outputs)
+    g.cleanup(recurse_subgraphs=False, remove_unused_graph_inputs=False)
+
+
+def prunable(graph: gs.Graph) -> bool:
+    """Whether a calibration graph may be cut down to its observed tensors (`_pruned`): a graph
+    whose session is of the kind a smaller graph gets too (below LARGE_GRAPH_NODES nodes and
+    SHARE_WEIGHTS_MIN_BYTES of weights: above either, onnxruntime is opened another way, whose
+    arithmetic differs in the last bits), so that the values observed do not move."""
+    if len(graph.nodes) >= LARGE_GRAPH_NODES:
+        return False
+    if runtime.SHARE_WEIGHTS_MIN_BYTES is None:
+        return True
+    weights = sum(int(t.values.nbytes) for t in graph.tensors().values() if isinstance(t, gs.Constant))
+    return weights < runtime.SHARE_WEIGHTS_MIN_BYTES
+
+
 def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
-                      stride: int = HISTOGRAM_STRIDE) -> tuple[gs.Graph, list[_Probe]]:
+                      stride: int = HISTOGRAM_STRIDE, only: bool = False) -> tuple[gs.Graph, list[_Probe]]:
     """A copy of `graph` that also outputs max|x| of each tensor and, with `histogram`, its bin
-    indices at a width fed through an extra input (over a spatial subsample of large maps)."""
+    indices at a width fed through an extra input (over a spatial subsample of large maps).
+    `only`: the copy computes nothing else (`_pruned`)."""
     g = graph.copy()
     existing = g.tensors()
     probes = []
@@ -247,16 +288,19 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
             g.outputs.append(idx)
             probe.index_out, probe.inv_in = idx.name, inv.name
         probes.append(probe)
+    if only:
+        _pruned(g, [n for p in probes for n in (p.amax_out, p.index_out) if n is not None])
     return g, probes
 
 
 def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData,
             method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
             progress=None, stride: int = HISTOGRAM_STRIDE, lanes: int | None = None,
-            threads: int | None = None) -> Collected:
+            threads: int | None = None, outputs: bool = True) -> Collected:
     """`_collect`, whose failure on a sample of data qdqgraph made up (`--calib random`) says so."""
     try:
-        return _collect(loaded, groups, data, method, batch_size, providers, progress, stride, lanes, threads)
+        return _collect(loaded, groups, data, method, batch_size, providers, progress, stride, lanes, threads,
+                        outputs)
     except SampleFailed as e:
         fix = _random_dims_fix(data)
         if fix is None:
@@ -267,19 +311,22 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
 def _collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData,
              method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
              progress=None, stride: int = HISTOGRAM_STRIDE, lanes: int | None = None,
-             threads: int | None = None) -> Collected:
+             threads: int | None = None, outputs: bool = True) -> Collected:
     """Reduce every tensor of `groups` (representative -> member tensors) over all samples;
     histograms of large maps over every `stride`-th row and column (1: every value). `threads`:
     onnxruntime's threads per lane (default: the cores shared among the lanes; a Ray task, which
-    has one core of a node whose cores other tasks use, passes 1)."""
+    has one core of a node whose cores other tasks use, passes 1). `outputs`: the graph outputs
+    of the first samples are kept (Collected.outputs); without them, the graph run is cut down to
+    the observed tensors where that leaves their values as they are (`prunable`)."""
     providers = providers or ["CPUExecutionProvider"]
     tensors, owner = _tensors_and_owners(groups)
     histogram = method != "max"
     compiled = COMPILED
+    only = not outputs and prunable(loaded.graph)
     if compiled:                         # max sees every value, whatever the stride
-        graph, fetch = raw_graph(loaded.graph, tensors, stride if histogram else 1)
+        graph, fetch = raw_graph(loaded.graph, tensors, stride if histogram else 1, only=only)
     else:
-        graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride)
+        graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride, only=only)
     shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
     lanes, threads = _lanes_and_threads(lanes, threads, compiled, providers)
     if compiled:
@@ -294,13 +341,13 @@ def _collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationD
     keeper = None
     if compiled:
         try:
-            keeper = _Keeper(_kept_outputs(loaded.graph, fetch, blocked))
+            keeper = Keeper(_kept_outputs(loaded.graph, fetch, blocked) if outputs else [])
             seen, runs = _collect_raw(sess, fetch, owner, states, data.counted_batches(batch_size), progress,
                                       blocked, seed, lanes, keeper)
         except _Padded:                  # blocked outputs with channel padding: again, in plain layout
             sess, blocked = unordered_session(shell, observed, providers, blocked=False, threads=threads)
             states = {rep: new_state(method) for rep in groups}
-            keeper = _Keeper(_kept_outputs(loaded.graph, fetch, blocked))
+            keeper = Keeper(_kept_outputs(loaded.graph, fetch, blocked) if outputs else [])
             seen, runs = _collect_raw(sess, fetch, owner, states, data.counted_batches(batch_size), progress,
                                       blocked, seed, lanes, keeper)
     elif histogram:
@@ -481,7 +528,7 @@ class _Padded(Exception):
     may be binned."""
 
 
-def _values(names, out, feed, fetch, blocked, keeper: _Keeper | None = None, sample: int = 0, n: int = 1) -> dict:
+def _values(names, out, feed, fetch, blocked, keeper: Keeper | None = None, sample: int = 0, n: int = 1) -> dict:
     """tensor -> value of one run: its outputs `out` (in the order of `names`) or, for observed
     graph inputs, the feed. Raises _Padded if a blocked output carries padding. `keeper` copies
     the kept graph outputs of the run of `n` samples from `sample` on."""
@@ -495,7 +542,7 @@ def _values(names, out, feed, fetch, blocked, keeper: _Keeper | None = None, sam
 
 def _collect_raw(sess, fetch, owner, states, batches, progress,
                  blocked: BlockedOutputs | None = None, seed: dict | None = None, lanes: int = 1,
-                 keeper: _Keeper | None = None) -> tuple[int, int]:
+                 keeper: Keeper | None = None) -> tuple[int, int]:
     """Run the batches with the planned tensors as outputs, then bin them, one thread per core
     over the states (the compiled kernel releases the GIL); with `lanes` > 1, in that many lanes
     instead (`_lanes`). Measured on ResNet-50 with 2 cores, binning batch k while a two-thread
@@ -549,7 +596,7 @@ def _collect_raw(sess, fetch, owner, states, batches, progress,
 
 
 def _lanes(sess, fetch, names, by_state, states, batches, progress, blocked, lanes, first: int = 0,
-           keeper: _Keeper | None = None) -> tuple[int, int]:
+           keeper: Keeper | None = None) -> tuple[int, int]:
     """Run the batches in `lanes` threads at once, each taking the next batch, running it through
     the shared session (whose own thread count the caller divided among the lanes) and binning
     the outputs into its own blank copy of the states (their range, nothing counted); the copies

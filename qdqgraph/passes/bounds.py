@@ -19,6 +19,7 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..calib.histogram import abs_max
 from ..graph.view import GraphView
 from ..ops import vocabulary
 
@@ -50,8 +51,10 @@ class Bounds:
             return self.bound[t.name]
         value = self.view.constant_value(t)
         if value is not None and np.asarray(value).dtype.kind == "f":
-            a = np.asarray(value, dtype=np.float64)
-            return float(np.max(np.abs(a))) if a.size else 0.0
+            # max |x| in the constant's own type (abs and max are exact: the float64 figure), in
+            # one pass for float32: a float64 copy of MiniLM's 47 MB word embeddings took 0.5 s
+            a = np.asarray(value)
+            return abs_max(a) if a.dtype == np.float32 else float(np.max(np.abs(a))) if a.size else 0.0
         return INF
 
     # ------------------------------------------------------------------ per op

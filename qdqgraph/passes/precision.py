@@ -39,6 +39,7 @@ import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..calib.histogram import abs_max
 from ..graph import io, proto
 from ..errors import QdqError
 from ..ops import CAST, vocabulary
@@ -426,9 +427,18 @@ def measure_ranges(loaded: io.Loaded, data, samples: int = 4, providers=None,
             break
         for name, value in zip(names, sess.run(names, feed)):
             if value.size:
-                ranges[name] = max(ranges[name], float(np.nanmax(np.abs(value))))
+                ranges[name] = max(ranges[name], _abs_max(value))
     known.update(ranges)
     return known
+
+
+def _abs_max(value: np.ndarray) -> float:
+    """max |x| of a float32 array, its NaNs left out (np.nanmax(np.abs(x))): the compiled kernel's
+    one pass, without the copy np.abs makes, where no value is NaN. Whisper tiny.en's encoder
+    measures 450 MB of attention scores and residuals a sample: over its 4 samples (1.8 s of
+    runs) numpy took 0.73 s, the kernel 0.36 s."""
+    m = abs_max(value)
+    return m if not np.isnan(m) else float(np.nanmax(np.abs(value)))
 
 
 @declare("float_islands", ensures=(QDQ_SOUND,))

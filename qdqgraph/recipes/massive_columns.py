@@ -16,10 +16,13 @@ columns in 12 layers for no further gain on the sentence embedding.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..execution.runtime import float_activations
+from ..execution.runtime import float_activations, graph_session
+from ..ops import ABS, MATMUL, REDUCE_MAX, REDUCE_SUM
 from ..graph import io
 from ..graph.view import GraphView
 from ..passes.base import PassResult
@@ -83,16 +86,136 @@ def massive(cmax: np.ndarray) -> tuple[list[int], float]:
     return (cols if len(cols) <= MAX_COLUMNS else []), float(ratio.max())
 
 
-def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> dict[str, tuple[np.ndarray, list[int], float]]:
-    """{node: (weight, massive columns, ratio)} of the candidates that have some."""
+class Products:
+    """The channel maxima this recipe measures, from a float run made for another (a rider of
+    recipes.output_aware.rows): every residual-writing MatMul whose input that run fetches anyway
+    has its product's channel maxima computed here, in a small onnxruntime session of those
+    products alone, on the samples this recipe's own run would take. (numpy's products, between
+    that run's runs, had their threads and onnxruntime's contend for the cores: MiniLM's 96 small
+    products took 0.13 s a sample.)
+
+    That run is of the graph before output-aware's smoothing: the maxima are those of the recipe's
+    own run up to float32 rounding (the smoothing is exact arithmetic, a division and its product),
+    about 1e-6 apart. The columns are chosen by a threshold on them (RATIO), so a ratio within
+    MARGIN of it leaves the choice to the recipe's own run (`maxima` returns None), as does a value
+    that is not finite: the columns are those that run would choose."""
+
+    def __init__(self, loaded: io.Loaded):
+        view = GraphView(loaded.graph)
+        self.layers: dict[str, tuple[str, str]] = {}      # node -> (input, output)
+        self.weights: dict[str, np.ndarray] = {}
+        for n in view.nodes:
+            w = _weight(view, n) if view.vocab.is_(n, "matmul") and len(n.inputs) >= 2 else None
+            if w is not None and writes_residual(view, n):
+                self.layers[n.name] = (n.inputs[0].name, n.outputs[0].name)
+                self.weights[n.name] = w
+        self.names = sorted({x for x, _ in self.layers.values()})
+        self.samples: list[dict[str, tuple[int, np.ndarray]]] = []   # per sample: node -> (rows, maxima)
+        self.rows = 0
+        self.sess: Any = None
+        self.opened = False
+        self.computed: list[str] = []               # the nodes the session computes, in its outputs' order
+
+    def add(self, sample: int, n: int, feed: dict, out: dict) -> None:
+        if sample != len(self.samples) or len(self.samples) >= SAMPLES or self.rows >= ROWS:
+            return
+        if not self.opened:
+            self._open(out)
+        if self.sess is None:
+            return
+        inputs = {self.layers[name][0] for name in self.computed}
+        flat = {x: np.asarray(out[x], dtype=np.float32) for x in inputs}
+        got = self.sess.run(None, {f"x:{x}": v.reshape(-1, v.shape[-1]) for x, v in flat.items()})
+        here = {}
+        for name, cmax, total in zip(self.computed, got[0::2], got[1::2]):
+            x = flat[self.layers[name][0]]
+            if np.isfinite(total):           # else the own run decides (onnxruntime's max drops NaN)
+                here[name] = (int(np.prod(x.shape[:-1])), cmax)
+        self.samples.append(here)
+        self.rows += min((r for r, _ in here.values()), default=ROWS)
+        if len(self.samples) >= SAMPLES or self.rows >= ROWS:
+            self.close()
+
+    def _open(self, out: dict) -> None:
+        """The session of the products of the layers whose input the run hands out: its weights
+        are the graph's arrays, shared (no copy), which it holds until `close`."""
+        self.opened = True
+        g = gs.Graph(opset=17)
+        fed: dict[str, gs.Variable] = {}
+        for name, (x, _) in self.layers.items():
+            w = self.weights[name]
+            v = out.get(x)
+            if v is None or np.ndim(v) < 1 or np.shape(v)[-1] != w.shape[0] or not np.size(v):
+                continue
+            if x not in fed:
+                fed[x] = gs.Variable(f"x:{x}", dtype=np.float32, shape=["rows", w.shape[0]])
+                g.inputs.append(fed[x])
+            k = len(self.computed)
+            y = g.layer(op=MATMUL, inputs=[fed[x], gs.Constant(f"w{k}", w)],
+                        outputs=[gs.Variable(f"y{k}", dtype=np.float32)])[0]
+            a = g.layer(op=ABS, inputs=[y], outputs=[gs.Variable(f"a{k}", dtype=np.float32)])[0]
+            g.outputs += [g.layer(op=REDUCE_MAX, inputs=[a], attrs={"axes": [0], "keepdims": 0},
+                                  outputs=[gs.Variable(f"max{k}", dtype=np.float32)])[0],
+                          g.layer(op=REDUCE_SUM, inputs=[a], attrs={"keepdims": 0},
+                                  outputs=[gs.Variable(f"sum{k}", dtype=np.float32)])[0]]
+            self.computed.append(name)
+        self.weights = {}
+        if self.computed:
+            self.sess = graph_session(io.Loaded(graph=g), purpose="massive columns", spin=False, share=True)
+
+    def close(self) -> None:
+        """No more products to compute: the session (and its copy of the weights) and the weights
+        go (output-aware's smoothing replaces the graph's; on DistilBERT they hold 72 MB)."""
+        self.sess, self.weights = None, {}
+
+    def maxima(self, found: dict[str, np.ndarray], outputs: dict[str, str],
+               available: int) -> dict[str, np.ndarray] | None:
+        """{node: its output channels' max |value|} for the candidates `found` (whose outputs are
+        `outputs`), over the samples the recipe's own run takes of `available`; None where these
+        products do not cover them all, or where a column's ratio is within MARGIN of RATIO."""
+        if any(name not in self.layers or self.layers[name][1] != outputs[name] for name in found):
+            return None
+        cmax: dict[str, np.ndarray] = {}
+        rows, taken = 0, 0
+        for here in self.samples:
+            if any(name not in here for name in found):
+                return None
+            rows += min(here[name][0] for name in found)
+            taken += 1
+            for name in found:
+                v = here[name][1]
+                cmax[name] = v if name not in cmax else np.maximum(cmax[name], v)
+            if rows >= ROWS:
+                break
+        if rows < ROWS and taken < min(SAMPLES, available):
+            return None                      # the own run would see more samples than were kept
+        return cmax if not any(_near_threshold(v) for v in cmax.values()) else None
+
+
+MARGIN = 1e-3         # a ratio this close to RATIO (relative) is left to the recipe's own run (Products)
+
+
+def _near_threshold(cmax: np.ndarray) -> bool:
+    med = float(np.median(cmax))
+    if med <= 0:
+        return True
+    return bool(np.any(np.abs(cmax / med - RATIO) <= RATIO * MARGIN))
+
+
+def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData,
+           products: Products | None = None) -> dict[str, tuple[np.ndarray, list[int], float]]:
+    """{node: (weight, massive columns, ratio)} of the candidates that have some; the channel
+    maxima from `products` where they hold them (see Products), else from a float run."""
     found = candidates(loaded, plan)
     if not found:
         return {}
     nodes = {n.name: n for n in loaded.graph.nodes}
     outputs = {name: nodes[name].outputs[0].name for name in found}
-    cmax: dict[str, np.ndarray] = {}
+    known = products.maxima(found, outputs, data.count) if products is not None else None
+    cmax: dict[str, np.ndarray] = known if known is not None else {}
     rows = 0
-    for values in float_activations(loaded, sorted(set(outputs.values())), data, SAMPLES, "massive columns"):
+    for values in float_activations(loaded, sorted(set(outputs.values())), data, SAMPLES, "massive columns") \
+            if known is None else ():
         rows += min(int(np.prod(np.shape(v)[:-1])) for v in values.values())
         for name, t in outputs.items():
             v = np.abs(np.asarray(values[t], dtype=np.float32))
@@ -109,5 +232,5 @@ def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> dict[str, tu
     return chosen
 
 
-def run(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> PassResult:
-    return apply(loaded.graph, choose(loaded, plan, data))
+def run(loaded: io.Loaded, plan: Plan, data: CalibrationData, products: Products | None = None) -> PassResult:
+    return apply(loaded.graph, choose(loaded, plan, data, products))

@@ -26,6 +26,8 @@ tensor is returned, to replace the calibrated one (`ranges`).
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -40,7 +42,7 @@ from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..samples.rows import RowSample
 from ..execution.profile import step
-from ..execution.runtime import float_activations
+from ..execution.runtime import float_activations, float_runs
 ALPHAS = (0.0, 0.5, 0.65, 0.8)
 CLIP_GRID = tuple(2.0 ** (-i / 2) for i in range(20))    # fractions of max|x|: 1 .. 0.0014, then
 REFINE = 2.0 ** 0.25                                      # the best one's neighbours at this ratio
@@ -75,15 +77,33 @@ def _quant_act(x: np.ndarray, amax: float) -> np.ndarray:
     return (np.clip(np.rint(x / s), -128, 127) * s).astype(np.float32, copy=False)
 
 
+class Rider(Protocol):
+    """Another use of the float run `rows` makes: of the tensors `names`, those the run fetches
+    anyway (its own tensors and the graph outputs) are handed to `add(sample, 1, feed, {name:
+    value})` for each sample it runs (calib.collect's keeper of the float outputs is one, massive
+    columns' Products another). No other tensor is fetched for a rider: another output asked of
+    the session could change what onnxruntime fuses, and with it the last bits of the rows."""
+
+    names: list[str]
+
+    def add(self, sample: int, n: int, feed: dict, out: dict) -> None: ...
+
+
 def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
-         first_of: set[str] | None = None) -> tuple[dict, dict, dict, dict]:
+         first_of: set[str] | None = None, riders: tuple[Rider, ...] = ()) -> tuple[dict, dict, dict, dict]:
     """({tensor: up to MAX_ROWS rows [N, K]}, {tensor: max |x| per channel over all rows seen},
     {tensor: its value on the first sample} for the tensors of `first_of` (all when None), what
     was sampled). The samples stream past (samples.rows.RowSample): at most SAMPLES of them, no
-    more than it takes every tensor to show ROW_BUDGET rows, and only the rows kept are held."""
+    more than it takes every tensor to show ROW_BUDGET rows, and only the rows kept are held.
+    `riders` get the graph outputs of the same runs."""
     sample = RowSample(MAX_ROWS, ROW_BUDGET, SAMPLES)
     first: dict[str, np.ndarray] = {}
-    for values in float_activations(loaded, tensors, data, SAMPLES, "output-aware scales"):
+    outputs = {t.name for t in loaded.graph.outputs}
+    extra = sorted({n for r in riders for n in r.names if n in outputs} - set(tensors))
+    for i, (feed, got) in enumerate(float_runs(loaded, list(tensors) + extra, data, SAMPLES, "output-aware scales")):
+        for r in riders:
+            r.add(i, 1, feed, {n: got[n] for n in r.names if n in got})
+        values = {t: got[t] for t in tensors}
         if not sample.samples:
             first = {k: np.asarray(v, dtype=np.float32) for k, v in values.items() if first_of is None or k in first_of}
         if not sample.add(values, data.count):
@@ -211,8 +231,10 @@ def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[list[C
     return choices, first
 
 
-def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[list[Choice], dict, dict]:
-    """`choose`, and what was sampled (RowSample.stated) or {} when nothing was."""
+def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData,
+             riders: tuple[Rider, ...] = ()) -> tuple[list[Choice], dict, dict]:
+    """`choose`, and what was sampled (RowSample.stated) or {} when nothing was (and nothing was
+    run: the `riders` then got nothing)."""
     view = GraphView(loaded.graph)
     found = targets(loaded.graph, plan)
     sites = {s.tensor: s for s in plan.activation_sites()}
@@ -224,7 +246,7 @@ def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[list
     producer = {t for t, nodes in linear.items()
                 if fold_kind(view, view.tensors[t], {n.name for n in nodes}) == "producer"}
     with step("float rows"):
-        xs, cmax, first, stated = rows(loaded, sorted(linear), data, producer)
+        xs, cmax, first, stated = rows(loaded, sorted(linear), data, producer, riders)
     with step("search"):
         return _choose(view, linear, xs, cmax), first, stated
 
@@ -269,11 +291,12 @@ def failed_folds(loaded: io.Loaded, pending: dict, first: dict, data: Calibratio
     return failed
 
 
-def run(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[PassResult, dict[str, float]]:
+def run(loaded: io.Loaded, plan: Plan, data: CalibrationData,
+        riders: tuple[Rider, ...] = ()) -> tuple[PassResult, dict[str, float]]:
     """Choose each linear-layer input's smoothing and range on `data`, apply them (checking producer
     folds on the first sample), and return the pass's result (with what was sampled, `rows`) and
-    the chosen ranges."""
-    choices, first, stated = _sampled(loaded, plan, data)
+    the chosen ranges. `riders`: see `rows`."""
+    choices, first, stated = _sampled(loaded, plan, data, riders)
     passed, ranges = apply(loaded, choices, first, lambda pending: failed_folds(loaded, pending, first, data))
     if stated:
         passed.details["rows"] = stated
