@@ -52,3 +52,16 @@ def pytest_sessionstart(session):
     if folder:
         import collect_written
         collect_written.start(Path(folder))
+
+
+from qdqgraph.calib import collect as collect_module  # noqa: E402 (after the path set-up above)
+from qdqgraph.calib import histogram as histogram_module  # noqa: E402
+
+
+@pytest.fixture(params=["kernel", "in-graph"])
+def binning(request, monkeypatch):
+    """Run a collection test once per binning path."""
+    if request.param == "kernel" and not histogram_module.COMPILED:
+        pytest.skip("the compiled histogram kernel was not built (no C compiler at install)")
+    monkeypatch.setattr(collect_module, "COMPILED", request.param == "kernel")
+    return request.param

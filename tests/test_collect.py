@@ -45,15 +45,6 @@ def lanes(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=["kernel", "in-graph"])
-def binning(request, monkeypatch):
-    """Run a collection test once per binning path."""
-    if request.param == "kernel" and not histogram_module.COMPILED:
-        pytest.skip("the compiled histogram kernel was not built (no C compiler at install)")
-    monkeypatch.setattr(collect_module, "COMPILED", request.param == "kernel")
-    return request.param
-
-
 @pytest.mark.parametrize("name", ["residual_add", "concat_of_pools", "attention"])
 def test_histograms_equal_numpy_reference(name, binning, lanes):
     m = motifs.ALL[name]()

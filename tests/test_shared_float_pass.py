@@ -12,7 +12,6 @@ import qdqgraph
 from qdqgraph import pipeline
 from qdqgraph.calib import calibration as calibration_module
 from qdqgraph.calib import collect as collect_module
-from qdqgraph.calib import histogram as histogram_module
 from qdqgraph.calib.collect import Keeper, collect
 from qdqgraph.execution import runtime
 from qdqgraph.prepare import model_inputs, prepare
@@ -66,14 +65,6 @@ def _same_states(a, b):
         x, y = a[rep], b[rep]
         assert (x.width, x.amax, x.count) == (y.width, y.amax, y.count), rep
         np.testing.assert_array_equal(x.counts, y.counts, err_msg=rep)
-
-
-@pytest.fixture(params=["kernel", "in-graph"])
-def binning(request, monkeypatch):
-    if request.param == "kernel" and not histogram_module.COMPILED:
-        pytest.skip("the compiled histogram kernel was not built (no C compiler at install)")
-    monkeypatch.setattr(collect_module, "COMPILED", request.param == "kernel")
-    return request.param
 
 
 def _sessions(monkeypatch) -> list[int]:
@@ -218,18 +209,24 @@ def _products(loaded, plan, data) -> massive_columns.Products:
     return products
 
 
+def _own_and_products(monkeypatch):
+    """The encoder layer prepared, its data, the products of output-aware's run, the list the
+    massive-columns runs are counted into, and massive columns' choice from its own run."""
+    loaded, plan = prepare(encoder_layer())
+    data = CalibrationData(encoder_data(), model_inputs(loaded.graph))
+    products = _products(loaded, plan, data)
+    plan = pipeline.plan_for(loaded, qdqgraph.QuantizeConfig())
+    runs = _massive_runs(monkeypatch)
+    return loaded, plan, data, products, runs, massive_columns.choose(loaded, plan, data)
+
+
 @pytest.mark.parametrize("rows", [8, 40, 4096])
 def test_massive_columns_from_the_shared_run_are_its_own_runs(monkeypatch, rows):
     """The channel maxima computed from output-aware's run (its rows of fc2's input, times the
     weight) choose the columns massive columns' own run chooses, over the same samples (its ROWS
     rule: one sample of 16 rows, three, all twelve), the run then not made."""
     monkeypatch.setattr(massive_columns, "ROWS", rows)
-    loaded, plan = prepare(encoder_layer())
-    data = CalibrationData(encoder_data(), model_inputs(loaded.graph))
-    products = _products(loaded, plan, data)
-    plan = pipeline.plan_for(loaded, qdqgraph.QuantizeConfig())
-    runs = _massive_runs(monkeypatch)
-    own = massive_columns.choose(loaded, plan, data)
+    loaded, plan, data, products, runs, own = _own_and_products(monkeypatch)
     assert runs == [min(-(-rows // T), massive_columns.SAMPLES)]
     shared = massive_columns.choose(loaded, plan, data, products)
     assert len(runs) == 1                    # no run of its own
@@ -241,12 +238,7 @@ def test_massive_columns_from_the_shared_run_are_its_own_runs(monkeypatch, rows)
 def test_a_ratio_at_the_threshold_is_left_to_the_own_run(monkeypatch):
     """Where a column's ratio is within MARGIN of RATIO, the rounding between the two runs could
     choose differently: the recipe runs its own pass."""
-    loaded, plan = prepare(encoder_layer())
-    data = CalibrationData(encoder_data(), model_inputs(loaded.graph))
-    products = _products(loaded, plan, data)
-    plan = pipeline.plan_for(loaded, qdqgraph.QuantizeConfig())
-    runs = _massive_runs(monkeypatch)
-    own = massive_columns.choose(loaded, plan, data)
+    loaded, plan, data, products, runs, own = _own_and_products(monkeypatch)
     monkeypatch.setattr(massive_columns, "RATIO", own["fc2"][2] * (1 + massive_columns.MARGIN / 2))
     massive_columns.choose(loaded, plan, data, products)
     assert len(runs) == 2
