@@ -131,3 +131,58 @@ def test_quantize_keeps_the_calibration_outputs_for_verify(lanes, batch):
     new = compare(m, r.model, calib=data, samples=8, tensors=False, reference=r.reference)
     assert new.table() == old.table() and new.samples == 8
     assert new.outputs[0].sqnr_db == pytest.approx(old.outputs[0].sqnr_db, abs=0.01)
+
+
+@pytest.mark.parametrize("with_reference", [False, True])
+def test_enough_output_values_stop_the_comparison_and_it_says_so(with_reference, monkeypatch):
+    """`enough`: the comparison stops after the sample that brings the output values compared to
+    that many, runs no more of either model, and its table says where it stopped; its figures are
+    those of asking for that many samples. Without `enough`, or with tensors compared, every
+    sample asked is compared."""
+    from qdqgraph.execution import evaluate
+    from qdqgraph.recipes.fidelity import measure
+    m = motifs.residual_add(projection=True)
+    data = motifs.sample_data(m, n=8)
+    q = qdqgraph.quantize(m, data).model
+    per_sample = sum(int(np.prod([d.dim_value or 2 for d in o.type.tensor_type.shape.dim])) for o in m.graph.output)
+    ref = measure.reference(io.load(m), _data(m, None), 8) if with_reference else None
+    runs = []
+    for name in ("graph_session", "session"):
+        real = getattr(evaluate, name)
+
+        def counted(*a, real=real, **k):
+            sess = real(*a, **k)
+            run = sess.run
+            return type("Counted", (), {"run": lambda self, *ra, **rk: runs.append(1) or run(*ra, **rk),
+                                        "get_inputs": lambda self: sess.get_inputs()})()
+        monkeypatch.setattr(evaluate, name, counted)
+    short = compare(m, q, calib=data, samples=8, tensors=False, reference=ref, enough=3 * per_sample)
+    assert short.samples == 3 and short.stopped_at == 3 * per_sample
+    assert len(runs) == (3 if with_reference else 6)          # the float model too, where it runs
+    assert "(enough: " in short.table() and "--verify N compares N" in short.table()
+    three = compare(m, q, calib=data, samples=3, tensors=False, reference=ref)
+    assert three.stopped_at is None and "enough" not in three.table()
+    assert [o.sqnr_db for o in short.outputs] == [o.sqnr_db for o in three.outputs]
+    assert compare(m, q, calib=data, samples=8, tensors=False, reference=ref).samples == 8
+    assert compare(m, q, calib=data, samples=8, tensors=True, enough=per_sample).samples == 8
+    assert compare(m, q, calib=data, samples=2, tensors=False, reference=ref, enough=3 * per_sample).stopped_at is None
+
+
+def test_insert_verify_default_is_bounded_by_output_values_and_an_explicit_n_is_not(tmp_path, capsys, monkeypatch):
+    """`insert`'s default --verify stops at VERIFY_VALUES output values and says so; --verify N
+    compares N samples; --accuracy-budget keeps the default's full count."""
+    from qdqgraph.cli import insert, main
+    from qdqgraph.config import QuantizeConfig
+    m = motifs.residual_add(projection=True)
+    onnx.save(m, tmp_path / "f.onnx")
+    np.savez(tmp_path / "d.npz", **motifs.sample_data(m, n=8))
+    per_sample = sum(int(np.prod([d.dim_value or 2 for d in o.type.tensor_type.shape.dim])) for o in m.graph.output)
+    monkeypatch.setattr(insert, "VERIFY_VALUES", 2 * per_sample)
+    args = [str(tmp_path / "f.onnx"), "--calib", str(tmp_path / "d.npz"), "--force"]
+    assert main(["insert", *args, "-o", str(tmp_path / "a.onnx")]) == 0
+    assert "float vs quantized on 2 samples (enough: " in capsys.readouterr().out
+    assert main(["insert", *args, "-o", str(tmp_path / "b.onnx"), "--verify", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "float vs quantized on 8 samples\n" in out and "enough" not in out
+    assert insert.verify_samples(None, QuantizeConfig(accuracy_budget=20.0)) == (8, None)
+    assert insert.verify_samples(3, QuantizeConfig()) == (3, None)

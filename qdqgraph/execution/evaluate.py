@@ -38,6 +38,7 @@ class Comparison:
     samples: int
     outputs: list[Agreement] = field(default_factory=list)
     tensors: list[Agreement] = field(default_factory=list)   # in topological order
+    stopped_at: int | None = None     # output values compared, where `enough` stopped it before the samples asked
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,7 +58,9 @@ class Comparison:
         return found if found and found[1] > 0 else None
 
     def table(self, k: int = 10, every: bool = False) -> str:
-        lines = [f"float vs quantized on {self.samples} samples"]
+        lines = [f"float vs quantized on {self.samples} samples"
+                 + (f" (enough: {self.stopped_at / 1e6:.1f} M output values; --verify N compares N)"
+                    if self.stopped_at else "")]
         for a in self.outputs:
             t1 = f", top-1 agreement {a.top1:.3f}" if a.top1 is not None else ""
             lines.append(f"  output {a.name}: cosine {a.cosine:.4f}, SQNR {a.sqnr_db:.1f} dB, "
@@ -150,17 +153,19 @@ def check_same_inputs(f_loaded: io.Loaded, q_loaded: io.Loaded, f_name: str, q_n
 
 def compare(float_model, quant_model, data: CalibrationData | None = None, calib=None,
             samples: int | None = None, tensors: bool = True, preprocess: str | None = None,
-            progress=None, reference=None) -> Comparison:
+            progress=None, reference=None, enough: int | None = None) -> Comparison:
     """Run both models over `data` (or `calib`, read like calibration data) and compare.
     `progress`: see qdqgraph.execution.progress. `reference`: the float outputs a quantize run
     computed on the first calibration samples (pipeline.Result.reference: the float graph as
     qdqgraph cleaned it, the same function up to float32 rounding); where it holds every sample
-    compared, and no tensors are compared, the float model is not run again (`reused`)."""
+    compared, and no tensors are compared, the float model is not run again (`reused`). `enough`:
+    with outputs only, stop after the sample that brings the output values compared to this many
+    (the comparison says so: `stopped_at`)."""
     if reference is not None and not tensors:
         f_face, q_face = io.Loaded(graph=io.interface(float_model)), io.Loaded(graph=io.interface(quant_model))
         check_same_inputs(f_face, q_face, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
         data = data if data is not None else _read(f_face, calib, preprocess, samples)
-        done = _against(reference, f_face, quant_model, data, progress)
+        done = _against(reference, f_face, quant_model, data, progress, enough)
         if done is not None:
             return done
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
@@ -182,20 +187,22 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         # outputs only: the float model runs every sample first and goes before the quantized
         # model's session is made, so that the two sessions (each holding its model's weights)
         # are never alive at once
-        f_runs = [f_sess.run(f_names, feed) for feed in data.batches(1)]
+        f_runs = _float_runs(f_sess, f_names, data, enough)
         del f_sess, f_graph, f_loaded
         gc.collect()
     q_sess = graph_session(io.Loaded(graph=q_graph, ir_version=q_loaded.ir_version), purpose="comparison", widen=True)
-    n = 0
+    n, values = 0, 0
     stage(progress, "comparing", data.count)
     for i, feed in enumerate(data.batches(1)):
+        if _enough(values, enough, pairs):
+            break
         fv = dict(zip(f_names, f_runs[i] if f_runs is not None else f_sess.run(f_names, feed)))
         qv = q_sess.run(q_names, {k: v for k, v in feed.items() if k in q_inputs})  # fixed inputs are gone
-        _accumulate(fv, qv, outs, pairs, shapes, out_acc, t_acc)
+        values += _accumulate(fv, qv, outs, pairs, shapes, out_acc, t_acc)
         n += 1
         step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
-                      [t_acc[f].result(f) for f, _ in pairs])
+                      [t_acc[f].result(f) for f, _ in pairs], _stopped(values, enough, n, data.count, pairs))
 
 
 def _add_pair_outputs(f_graph, q_graph, pairs: list[tuple[str, str]]) -> None:
@@ -208,14 +215,38 @@ def _add_pair_outputs(f_graph, q_graph, pairs: list[tuple[str, str]]) -> None:
 
 
 def _accumulate(fv: dict, qv: list, outs: list[str], pairs: list[tuple[str, str]], shapes: dict, out_acc: dict,
-                t_acc: dict) -> None:
+                t_acc: dict) -> int:
     """One sample's float values `fv` and quantized values `qv` (the outputs, then the pairs) into
-    the accumulators."""
+    the accumulators; returns the output values compared."""
+    values = 0
     for o, q in zip(outs, qv[:len(outs)]):
         if np.issubdtype(fv[o].dtype, np.floating):
             out_acc[o].add(fv[o], q, _looks_like_logits(shapes[o]))
+            values += int(np.size(q))
     for (f, _), q in zip(pairs, qv[len(outs):]):
         t_acc[f].add(fv[f], q, False)
+    return values
+
+
+def _float_runs(f_sess, names: list[str], data: CalibrationData, enough: int | None) -> list:
+    """The float model's runs of the samples a comparison of outputs only will take (`enough`)."""
+    runs, values = [], 0
+    for feed in data.batches(1):
+        if _enough(values, enough):
+            break
+        runs.append(f_sess.run(names, feed))
+        values += sum(int(np.size(v)) for v in runs[-1] if np.issubdtype(np.asarray(v).dtype, np.floating))
+    return runs
+
+
+def _enough(values: int, enough: int | None, pairs: list | tuple = ()) -> bool:
+    """Whether the output values compared so far are `enough` (never with tensors compared)."""
+    return enough is not None and not pairs and values >= enough
+
+
+def _stopped(values: int, enough: int | None, n: int, asked: int, pairs: list | tuple = ()) -> int | None:
+    """The output values compared, where `enough` stopped the comparison before the samples asked."""
+    return values if _enough(values, enough, pairs) and n < asked else None
 
 
 def _read(f_loaded: io.Loaded, calib, preprocess: str | None, samples: int | None) -> CalibrationData:
@@ -283,7 +314,8 @@ def _rows(batch: dict, data: CalibrationData, first: int) -> tuple[int | None, l
     return (size, spans) if spans else None
 
 
-def _against(reference, f_face: io.Loaded, quant_model, data: CalibrationData, progress) -> Comparison | None:
+def _against(reference, f_face: io.Loaded, quant_model, data: CalibrationData, progress,
+             enough: int | None = None) -> Comparison | None:
     """compare() of the outputs against the float outputs of `reference` where it holds them
     (`reused`): only the quantized model runs, as its file or ModelProto is (not through a graph:
     on a 10,000-node CNN, loading the written model and exporting it again took 7.8 s), and of the
@@ -300,13 +332,16 @@ def _against(reference, f_face: io.Loaded, quant_model, data: CalibrationData, p
     q_inputs = {i.name for i in q_sess.get_inputs()}
     out_acc = {o: _Acc() for o in outs}
     stage(progress, "comparing", data.count)
-    n = 0
+    n, values = 0, 0
     for fv, feed in zip(known, data.batches(1)):
+        if _enough(values, enough):
+            break
         qv = q_sess.run(outs, {k: v for k, v in feed.items() if k in q_inputs})
-        _accumulate(fv, qv, outs, [], shapes, out_acc, {})
+        values += _accumulate(fv, qv, outs, [], shapes, out_acc, {})
         n += 1
         step(progress)
-    return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq])
+    return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
+                      stopped_at=_stopped(values, enough, n, data.count))
 
 
 def fp16_within_tolerance(fp16_vs_float: float, fp32_vs_float: float, fp16_vs_fp32: float) -> bool:
