@@ -43,6 +43,7 @@ VARIANTS = {
             {**OFF, "bias_correction": None, "fragile_heads": True, "sqnr_floor": 25.0}),
     "default": ("the defaults", {}),
     "no-dw": ("the defaults, --depthwise-check off", {"depthwise_check": False}),
+    "lr": ("the defaults, --learned-rounding on (PyTorch on the path)", {"learned_rounding": "on"}),
 }
 
 
