@@ -196,6 +196,27 @@ def test_planned_tensor_that_is_also_a_model_output(binning):
         assert got.states[rep].amax == ref[rep].amax and got.states[rep].count == ref[rep].count
 
 
+def test_raw_graph_copies_the_graph_only_where_it_adds_nodes():
+    """Outputs only: the graph itself comes back, unchanged (its session adds the outputs); a map
+    to subsample or an observed input: a copy, the original untouched."""
+    from qdqgraph.calib.collect import raw_graph
+    g = motifs.G("small")
+    x = g.input("x", [1, 16, 8, 8])
+    y = g.node("Relu", [g.conv(x, 16, 32, "c1")], ["mid"], name="r1")
+    g.node("Conv", [y, g.weight("w2", (32, 32, 3, 3))], ["y"], name="c2", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    g.output("y")
+    loaded, _ = prepared(g.model())
+    before = (len(loaded.graph.nodes), [t.name for t in loaded.graph.outputs])
+    same, fetch = raw_graph(loaded.graph, ["mid", "x"], stride=1)
+    assert same is loaded.graph and fetch == {"mid": "mid", "x": None}
+    assert (len(loaded.graph.nodes), [t.name for t in loaded.graph.outputs]) == before
+    copied, fetch = raw_graph(loaded.graph, ["mid", "x"], stride=2)        # x observed through a copy of it
+    assert copied is not loaded.graph and fetch["x"] != "x" and fetch["x"] in {t.name for t in copied.outputs}
+    assert (len(loaded.graph.nodes), [t.name for t in loaded.graph.outputs]) == before
+    pruned, _ = raw_graph(loaded.graph, ["mid"], stride=1, only=True)
+    assert pruned is not loaded.graph and [t.name for t in pruned.outputs] == ["mid"]
+
+
 def test_bound_outputs_follow_input_shape_changes():
     """Outputs bound once per input shape: a new shape (dynamic dims, a last short batch) rebinds,
     and every run returns exactly what a plain run returns."""
@@ -208,7 +229,9 @@ def test_bound_outputs_follow_input_shape_changes():
     g.output("y")
     loaded, plan = prepared(g.model())
     graph, fetch = raw_graph(loaded.graph, ["mid"])
-    sess = session(io.to_model(io.Loaded(graph=graph, ir_version=loaded.ir_version)), ["CPUExecutionProvider"])
+    # the tensors to fetch are outputs of the session's model (raw_graph adds no node here)
+    model = io.with_outputs(io.to_model(io.Loaded(graph=graph, ir_version=loaded.ir_version)), [fetch["mid"]])
+    sess = session(model, ["CPUExecutionProvider"])
     bound = _BoundOutputs(sess, [fetch["mid"]])
     rng = np.random.default_rng(0)
     last = None

@@ -186,12 +186,18 @@ class _Probe:
     inv_in: str | None = None
 
 
+def _large_map(t: gs.Tensor, stride: int) -> bool:
+    """Whether `_subsampled` takes every `stride`-th row and column of `t` (a large static NCHW map)."""
+    shape = t.shape
+    return not (stride <= 1 or shape is None or len(shape) != 4
+                or not all(isinstance(d, int) and d > 0 for d in shape[2:]) or shape[2] * shape[3] < SUBSAMPLE_MIN_HW)
+
+
 def _subsampled(g: gs.Graph, t: gs.Tensor, i: int, stride: int) -> gs.Tensor:
     """`t[:, :, ::stride, ::stride]` for a large static NCHW map, else `t` itself."""
-    shape = t.shape
-    if (stride <= 1 or shape is None or len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in shape[2:])
-            or shape[2] * shape[3] < SUBSAMPLE_MIN_HW):
+    if not _large_map(t, stride):
         return t
+    shape = t.shape
 
     def const(stem, v):
         return gs.Constant(f"qdqgraph_calib_{stem}_{i}", np.array(v, dtype=np.int64))
@@ -205,7 +211,13 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
               only: bool = False) -> tuple[gs.Graph, dict]:
     """A copy of `graph` that also outputs each tensor (or the spatial subsample of a large map):
     (graph, {tensor: output to fetch, or None for a graph input, which is read from the feed}).
-    `only`: the copy computes nothing else (`_pruned`)."""
+    `only`: the copy computes nothing else (`_pruned`). Where nothing is to be added but outputs
+    (no map subsampled, no input observed in a copy) `graph` itself comes back, unchanged, with the
+    tensors to fetch: the session's export adds them as outputs (io.with_outputs), and a copy of a
+    10,000-node graph was a second or more of its calibration."""
+    if not only and not _adds_nodes(graph, tensors, stride):
+        inputs = {t.name for t in graph.inputs}
+        return graph, {name: None if name in inputs and stride <= 1 else name for name in tensors}
     g = graph.copy()
     existing = g.tensors()
     inputs = {t.name for t in g.inputs}
@@ -228,6 +240,16 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
     if only:
         _pruned(g, sorted({f for f in fetch.values() if f is not None}))
     return g, fetch
+
+
+def _adds_nodes(graph: gs.Graph, tensors: list[str], stride: int) -> bool:
+    """Whether `raw_graph` adds a node for any of `tensors`: a large map's subsample, or the copy of
+    a graph input it observes through a graph output (stride above 1)."""
+    if stride <= 1:
+        return False
+    existing = graph.tensors()
+    inputs = {t.name for t in graph.inputs}
+    return any(name in inputs or _large_map(existing[name], stride) for name in tensors)
 
 
 def _pruned(g: gs.Graph, names: list[str]) -> None:
