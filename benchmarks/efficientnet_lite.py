@@ -89,6 +89,7 @@ VARIANTS = {
     "learned-rounding": ["--learned-rounding", "on"],
     "equalize": ["--equalize", "on"],
     "fp8": ["--precision", "fp8"],
+    "output-aware-on": ["--output-aware", "on"],
 }
 
 

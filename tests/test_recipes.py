@@ -292,3 +292,20 @@ def test_int8_gemms_are_computed_without_saturation_as_tensorrt_does():
     ref = [as_written.run(None, f)[0] for f in feeds]
     assert sqnr(ref, [run(q, f)[0] for f in feeds]) > 60
     assert sqnr(ref, [runtime.session(q).run(None, f)[0] for f in feeds]) > 60
+
+
+def test_a_tensor_with_too_few_rows_keeps_its_calibrated_range(monkeypatch):
+    """A linear input that shows fewer than MIN_ROWS rows (a pooled classifier input: a row a
+    sample) is not searched: no choice for it, and the written model is that of output-aware off
+    for it. With the bound lowered under its rows, the same tensor is searched."""
+    m = ln_model()
+    data = ln_data(4)                             # 4 samples x T rows
+    rows = 4 * T
+    monkeypatch.setattr(output_aware, "MIN_ROWS", rows + 1)
+    loaded, plan = prepare(m, QuantizeConfig(output_aware=True))
+    calib = read_data(loaded, data, QuantizeConfig(output_aware=True))
+    choices, _ = output_aware.choose(loaded, plan, calib)
+    assert choices == []
+    monkeypatch.setattr(output_aware, "MIN_ROWS", rows)
+    choices, _ = output_aware.choose(loaded, plan, calib)
+    assert choices                                 # the same tensors, searched
