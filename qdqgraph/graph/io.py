@@ -828,12 +828,19 @@ def subgraphs(graph: onnx.GraphProto):
                 yield from subgraphs(g)
 
 
-def check(model: onnx.ModelProto) -> None:
-    """onnx.checker with full_check, its large weights seen as typed inputs (`_weights_as_inputs`)
-    and their sizes checked here: the checker serializes what it is given, parses it again and
-    infers shapes on a copy, which on a 453 MB encoder's written model (115 MB of INT8 weights) set
-    the run's peak, +410 MB. Past protobuf's 2 GB what is left is checked from a temporary file."""
-    light, _ = _weights_as_inputs(model)
+def light_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its large weights seen as typed inputs (`_weights_as_inputs`), for `check` and
+    `refine_shapes`, which can share it while the model stays as it is."""
+    return _weights_as_inputs(model)[0]
+
+
+def check(model: onnx.ModelProto, light: onnx.ModelProto | None = None) -> None:
+    """onnx.checker with full_check, its large weights seen as typed inputs (`_weights_as_inputs`;
+    `light`: `light_model(model)`, where the caller has it) and their sizes checked here: the
+    checker serializes what it is given, parses it again and infers shapes on a copy, which on a
+    453 MB encoder's written model (115 MB of INT8 weights) set the run's peak, +410 MB. Past
+    protobuf's 2 GB what is left is checked from a temporary file."""
+    light = light if light is not None else _weights_as_inputs(model)[0]
     if tensor_bytes(light) < EXTERNAL_DATA_THRESHOLD:
         onnx.checker.check_model(light, full_check=True)
         _check_weight_sizes(model)
@@ -1309,15 +1316,16 @@ def _graft(graph: gs.Graph, nodes: list[gs.Node], old: int, minimum: int) -> boo
     return True
 
 
-def refine_shapes(graph: gs.Graph, model: onnx.ModelProto) -> list[str]:
+def refine_shapes(graph: gs.Graph, model: onnx.ModelProto, light: onnx.ModelProto | None = None) -> list[str]:
     """ONNX shape inference (data propagation on) over `model`, just exported from `graph`, with its
-    weights kept out of it: where it finds a shape the graph's passes left open or symbolic, the
-    tensor of `graph` and the model's value_info (or output) take it, as they would have on reading
-    the model back. Returns the names of the tensors whose shape changed."""
+    weights kept out of it (`light`: `light_model(model)`, where the caller has it): where it finds
+    a shape the graph's passes left open or symbolic, the tensor of `graph` and the model's
+    value_info (or output) take it, as they would have on reading the model back. Returns the names
+    of the tensors whose shape changed (`light` then declares the old shapes)."""
     if tensor_bytes(model) >= EXTERNAL_DATA_THRESHOLD:
         return []
     try:
-        light, _ = _weights_as_inputs(model)
+        light = light if light is not None else _weights_as_inputs(model)[0]
         out = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return []
