@@ -51,11 +51,14 @@ def write_model(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: 
         report.add([islands])
         with step("export"):
             model = io.to_model(lowered, provenance, tidy=False)      # the islands pass left it tidy
+        light = None                    # the model as inference and the checker see it, made once for both
         if lowered is loaded:
             with step("shapes"):        # what reading the opset-19 model back would have inferred
-                io.refine_shapes(lowered.graph, model)
+                light = io.light_model(model)
+                if io.refine_shapes(lowered.graph, model, light):
+                    light = None        # it declares the shapes before
         with step("check"):
-            _check_raised(model, cfg.high_precision, report)
+            _check_raised(model, cfg.high_precision, report, light)
     recorded.forget(model)              # an input's prediction describes another graph
     return model, lowered
 
@@ -96,14 +99,16 @@ def _at_precision_opset(loaded: io.Loaded, provenance: dict, high_precision: str
         return io.load(model, check=False)
 
 
-def _check_raised(model: proto.ModelProto, what: str, report: InsertReport) -> None:
+def _check_raised(model: proto.ModelProto, what: str, report: InsertReport,
+                  light: proto.ModelProto | None = None) -> None:
     """The checker on the model at the opset its Q/DQ or islands raised it to. Newer shape inference
     can prove a declared output shape wrong that the model's own opset let pass (an exporter's stale
     declaration, say), and an output declared with an empty shape (a Paddle export's `shape {}`)
     comes back from the graph without one, which the checker refuses; then the output shapes are
-    left to inference, with a warning, and the check runs again."""
+    left to inference, with a warning, and the check runs again. `light`: io.light_model(model),
+    where the caller has it."""
     try:
-        io.check(model)
+        io.check(model, light)
         return
     except proto.CHECK_ERRORS as e:
         first = str(e).strip().splitlines()[0]

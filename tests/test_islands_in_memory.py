@@ -164,3 +164,23 @@ def test_raising_a_copy_leaves_the_original_at_its_opset():
     model = io.to_model(loaded)
     assert io.opset_of(model) == 13
     onnx.checker.check_model(model, full_check=True)
+
+
+
+def test_refine_shapes_takes_what_inference_adds_and_leaves_what_it_confirms():
+    """The shapes inference finds beyond the exported ones (a tensor without one, a symbolic
+    dimension it resolves) go into the graph and the model; those it finds as declared change nothing."""
+    import onnx_graphsurgeon as gs
+    x = gs.Variable("x", dtype=np.float32, shape=[1, 4])
+    y = gs.Variable("y", dtype=np.float32, shape=["n", 4])
+    z = gs.Variable("z", dtype=np.float32)
+    w = gs.Variable("w", dtype=np.float32, shape=[1, 4])
+    graph = gs.Graph(nodes=[gs.Node("Relu", "r1", inputs=[x], outputs=[y]), gs.Node("Relu", "r2", inputs=[y], outputs=[z]),
+                            gs.Node("Relu", "r3", inputs=[z], outputs=[w])],
+                     inputs=[x], outputs=[w], opset=17)
+    model = io.to_model(io.Loaded(graph=graph))
+    assert io.refine_shapes(graph, model) == ["y", "z"]
+    assert list(y.shape) == [1, 4] and list(z.shape) == [1, 4] and list(w.shape) == [1, 4]
+    declared = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.value_info}
+    assert declared == {"y": [1, 4], "z": [1, 4]}
+    assert io.refine_shapes(graph, io.to_model(io.Loaded(graph=graph))) == []

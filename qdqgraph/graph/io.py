@@ -828,12 +828,19 @@ def subgraphs(graph: onnx.GraphProto):
                 yield from subgraphs(g)
 
 
-def check(model: onnx.ModelProto) -> None:
-    """onnx.checker with full_check, its large weights seen as typed inputs (`_weights_as_inputs`)
-    and their sizes checked here: the checker serializes what it is given, parses it again and
-    infers shapes on a copy, which on a 453 MB encoder's written model (115 MB of INT8 weights) set
-    the run's peak, +410 MB. Past protobuf's 2 GB what is left is checked from a temporary file."""
-    light, _ = _weights_as_inputs(model)
+def light_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its large weights seen as typed inputs (`_weights_as_inputs`), for `check` and
+    `refine_shapes`, which can share it while the model stays as it is."""
+    return _weights_as_inputs(model)[0]
+
+
+def check(model: onnx.ModelProto, light: onnx.ModelProto | None = None) -> None:
+    """onnx.checker with full_check, its large weights seen as typed inputs (`_weights_as_inputs`;
+    `light`: `light_model(model)`, where the caller has it) and their sizes checked here: the
+    checker serializes what it is given, parses it again and infers shapes on a copy, which on a
+    453 MB encoder's written model (115 MB of INT8 weights) set the run's peak, +410 MB. Past
+    protobuf's 2 GB what is left is checked from a temporary file."""
+    light = light if light is not None else _weights_as_inputs(model)[0]
     if tensor_bytes(light) < EXTERNAL_DATA_THRESHOLD:
         onnx.checker.check_model(light, full_check=True)
         _check_weight_sizes(model)
@@ -1115,21 +1122,60 @@ def _skeleton(nodes: list[tuple[gs.Node, dict[str, str]]], opset: int, graph: gs
     return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", opset), *imports])
 
 
-def _signature(node: gs.Node) -> tuple:
+def _signature(node: gs.Node, attr_keys: dict | None = None) -> tuple:
     """What onnx's version converter can see of a node, but its tensor names: nodes of one
-    signature convert alike."""
+    signature convert alike. `attr_keys`: the serialized attributes by their plain values, kept
+    across the calls of one graph (thousands of Q/DQ share a few: serializing each took most of it)."""
     ins: list[tuple | None] = []
     for t in node.inputs:
         if not t.name:
             ins.append(None)
         elif isinstance(t, gs.Constant):
             v = t.values
-            small = np.issubdtype(v.dtype, np.integer) and v.size <= SIGNATURE_CONSTANT_MAX
-            ins.append((str(v.dtype), v.shape, v.tobytes() if small else None))
+            small = v.dtype.kind in "iu" and v.size <= SIGNATURE_CONSTANT_MAX
+            ins.append((_dtype_name(v.dtype), v.shape, v.tobytes() if small else None))
         else:
-            ins.append((str(t.dtype), None if t.shape is None else tuple(t.shape)))
-    attrs = tuple(a.SerializeToString(deterministic=True) for a in OnnxExporter.export_attributes(node.attrs))
+            ins.append((_dtype_name(t.dtype), None if t.shape is None else tuple(t.shape)))
+    plain = _plain_attrs(node.attrs) if attr_keys is not None else None
+    attrs = attr_keys.get(plain) if attr_keys is not None and plain is not None else None
+    if attrs is None:
+        attrs = tuple(a.SerializeToString(deterministic=True) for a in OnnxExporter.export_attributes(node.attrs))
+        if attr_keys is not None and plain is not None:
+            attr_keys[plain] = attrs
     return (node.op, tuple(ins), len(node.outputs), attrs)
+
+
+_PLAIN_ATTR_TYPES = (int, str, bytes)     # not float: 0.0 and -0.0 are one key
+_DTYPE_NAMES: dict[tuple, str] = {}      # (type of the dtype, dtype) -> str(dtype): numpy's str costs 20 us
+
+
+def _dtype_name(dtype) -> str:
+    """str(dtype), remembered per dtype object (keyed with its type: np.float32 and its np.dtype are
+    equal, and name differently)."""
+    try:
+        key = (type(dtype), dtype)
+        name = _DTYPE_NAMES.get(key)
+    except TypeError:                     # an unhashable value, named each time
+        return str(dtype)
+    if name is None:
+        name = str(dtype)
+        if len(_DTYPE_NAMES) < 1024:
+            _DTYPE_NAMES[key] = name
+    return name
+
+
+def _plain_attrs(attrs: dict) -> tuple | None:
+    """`attrs` as a hashable key, in their order, each value with its exact type (a bool is not an
+    int), where every value is an int, a string or a list of them; else None."""
+    key = []
+    for k, v in attrs.items():
+        if type(v) in _PLAIN_ATTR_TYPES:
+            key.append((k, type(v), v))
+        elif type(v) is list and all(type(x) in _PLAIN_ATTR_TYPES for x in v):
+            key.append((k, list, tuple((type(x), x) for x in v)))
+        else:
+            return None
+    return tuple(key)
 
 
 def raise_graph_opset(graph: gs.Graph, minimum: int) -> bool:
@@ -1157,9 +1203,10 @@ def raise_graph_opset(graph: gs.Graph, minimum: int) -> bool:
         # tensor of that name: reading the exported model back links it to the outer one again
         return False
     classes: dict[tuple, list[gs.Node]] = {}
+    attr_keys: dict = {}
     for n in graph.nodes:
         if changes(n):
-            classes.setdefault(_signature(n), []).append(n)
+            classes.setdefault(_signature(n, attr_keys), []).append(n)
     reps = []
     for k, members in enumerate(classes.values()):
         node = members[0]
@@ -1269,22 +1316,30 @@ def _graft(graph: gs.Graph, nodes: list[gs.Node], old: int, minimum: int) -> boo
     return True
 
 
-def refine_shapes(graph: gs.Graph, model: onnx.ModelProto) -> list[str]:
+def refine_shapes(graph: gs.Graph, model: onnx.ModelProto, light: onnx.ModelProto | None = None) -> list[str]:
     """ONNX shape inference (data propagation on) over `model`, just exported from `graph`, with its
-    weights kept out of it: where it finds a shape the graph's passes left open or symbolic, the
-    tensor of `graph` and the model's value_info (or output) take it, as they would have on reading
-    the model back. Returns the names of the tensors whose shape changed."""
+    weights kept out of it (`light`: `light_model(model)`, where the caller has it): where it finds
+    a shape the graph's passes left open or symbolic, the tensor of `graph` and the model's
+    value_info (or output) take it, as they would have on reading the model back. Returns the names
+    of the tensors whose shape changed (`light` then declares the old shapes)."""
     if tensor_bytes(model) >= EXTERNAL_DATA_THRESHOLD:
         return []
     try:
-        light, _ = _weights_as_inputs(model)
+        light = light if light is not None else _weights_as_inputs(model)[0]
         out = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return []
     tensors = tensor_map(graph)
     inputs = {t.name for t in graph.inputs}
+    # the types `model` declares, which it took from `graph`: where inference found the same, the
+    # tensor's shape is the graph's already (most of them; reading each shape back cost more than
+    # the inference)
+    declared = {vi.name: vi.type for vi in (*model.graph.value_info, *model.graph.output)}
     changed: dict[str, gs.Variable] = {}
     for vi in (*out.graph.value_info, *out.graph.output):
+        same = declared.get(vi.name)
+        if same is not None and same == vi.type:
+            continue
         t = tensors.get(vi.name)
         if not isinstance(t, gs.Variable) or vi.name in inputs or t.dtype is None:
             continue

@@ -162,15 +162,17 @@ class GraphView:
         position buckets), mapped to the integer tensor they derive from. Weighted ops, pooling and
         other arithmetic on real data end such a path."""
         origin: dict[str, str] = {}
+        # If/Loop read outer tensors implicitly; a DQ's output is real data, not an index
+        ends = frozenset().union(*(self.vocab.ops_of(c) for c in ("weighted", "avg_pool", "softmax", "control_flow",
+                                                                  "dequantize")))
         for n in self.nodes:
-            if (self.vocab.is_(n, "weighted") or self.vocab.is_(n, "avg_pool") or self.vocab.is_(n, "softmax")
-                    or self.vocab.is_(n, "control_flow")  # If/Loop read outer tensors implicitly
-                    or self.vocab.is_(n, "dequantize")):  # a DQ's output is real data, not an index
-                continue
+            if n.op in ends:
                 continue
             sources = []
             real = False
             for i in n.inputs:
+                if real:
+                    break                   # no path through this node, whatever the other inputs are
                 if i.name == "":
                     continue
                 value = self.constant_value(i)

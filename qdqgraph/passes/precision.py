@@ -128,6 +128,7 @@ class _Retyper:
         self.names = {n.name for n in graph.nodes}           # node names in use (ONNX wants them unique)
         self._schemas: dict[tuple[str, str], object] = {}    # (op, domain) -> schema at the opset, or None
         self._slots: dict[tuple, bool] = {}                  # (op, domain, slot, outputs) -> island type allowed
+        self._by_op: dict[str, tuple[KeepRule, ...]] = {}     # op type -> the keep rules of its classes
         # each DQ's float32 scale as it was, for the DQ copies that feed float32 ops
         self.dq_scale = {n.name: n.inputs[1] for n in graph.nodes
                          if self.vocab.is_(n, "dequantize") and len(n.inputs) > 1}
@@ -155,10 +156,9 @@ class _Retyper:
             return None
         if node.name in self.on_path:
             return self.on_path[node.name]
-        for rule in keep_rules():
-            if any(self.vocab.is_(node, c) for c in rule.classes):
-                if not rule.between_qdq or self._between_qdq(node):
-                    return rule.id
+        for rule in self._rules_of(node.op):
+            if not rule.between_qdq or self._between_qdq(node):
+                return rule.id
         if self._schema(node) is None:
             return "no ONNX schema (custom op)"
         derived = self.view.integer_derived
@@ -168,6 +168,13 @@ class _Retyper:
             if o.name in derived:
                 return "integer-derived (shape arithmetic in float)"
         return None
+
+    def _rules_of(self, op: str) -> tuple[KeepRule, ...]:
+        """The keep rules, in order, with a class that holds `op` (found once per op type)."""
+        found = self._by_op.get(op)
+        if found is None:
+            found = self._by_op[op] = tuple(r for r in keep_rules() if any(self.vocab.is_(op, c) for c in r.classes))
+        return found
 
     def _between_qdq(self, node: gs.Node) -> bool:
         """Every input comes from a DQ and every output feeds only Qs, possibly through data
