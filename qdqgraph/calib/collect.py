@@ -216,8 +216,8 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
     tensors to fetch: the session's export adds them as outputs (io.with_outputs), and a copy of a
     10,000-node graph was a second or more of its calibration."""
     if not only and not _adds_nodes(graph, tensors, stride):
-        inputs = {t.name for t in graph.inputs}
-        return graph, {name: None if name in inputs and stride <= 1 else name for name in tensors}
+        inputs = {t.name for t in graph.inputs}           # observed only where stride is 1 (_adds_nodes)
+        return graph, {name: None if name in inputs else name for name in tensors}
     g = graph.copy()
     existing = g.tensors()
     inputs = {t.name for t in g.inputs}

@@ -218,14 +218,17 @@ def _accumulate(fv: dict, qv: list, outs: list[str], pairs: list[tuple[str, str]
                 t_acc: dict) -> int:
     """One sample's float values `fv` and quantized values `qv` (the outputs, then the pairs) into
     the accumulators; returns the output values compared."""
-    values = 0
     for o, q in zip(outs, qv[:len(outs)]):
         if np.issubdtype(fv[o].dtype, np.floating):
             out_acc[o].add(fv[o], q, _looks_like_logits(shapes[o]))
-            values += int(np.size(q))
     for (f, _), q in zip(pairs, qv[len(outs):]):
         t_acc[f].add(fv[f], q, False)
-    return values
+    return _float_values(fv[o] for o in outs)
+
+
+def _float_values(arrays) -> int:
+    """The values of the floating-point arrays among `arrays`: those a comparison of outputs counts."""
+    return sum(int(np.size(a)) for a in arrays if np.issubdtype(np.asarray(a).dtype, np.floating))
 
 
 def _float_runs(f_sess, names: list[str], data: CalibrationData, enough: int | None) -> list:
@@ -235,7 +238,7 @@ def _float_runs(f_sess, names: list[str], data: CalibrationData, enough: int | N
         if _enough(values, enough):
             break
         runs.append(f_sess.run(names, feed))
-        values += sum(int(np.size(v)) for v in runs[-1] if np.issubdtype(np.asarray(v).dtype, np.floating))
+        values += _float_values(runs[-1])
     return runs
 
 
