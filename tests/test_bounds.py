@@ -105,6 +105,47 @@ def test_a_tensor_whose_bound_reaches_the_limit_is_measured_and_kept_fp32():
     assert "amplify" in kept
 
 
+def _counting(monkeypatch) -> list:
+    """The outputs asked of each run of measure_ranges' session."""
+    asked: list = []
+    real = precision.graph_session
+
+    def session(*a, **k):
+        sess = real(*a, **k)
+
+        class Counted:
+            def run(self, names, feed):
+                asked.append(list(names))
+                return sess.run(names, feed)
+        return Counted()
+    monkeypatch.setattr(precision, "graph_session", session)
+    return asked
+
+
+def test_a_tensor_settled_far_below_the_limit_is_run_on_two_samples_only(monkeypatch):
+    """Two samples within a factor 2 of each other, far below the limit: the tensor is not run
+    on the other two (even the fourth, which would reach the limit: the margin is the bet)."""
+    m = _qdq_chain(1.0, [onnx.helper.make_node("Mul", ["xdq", "k"], ["y"], name="amplify")],
+                   [onnx.numpy_helper.from_array(np.array(100, np.float32), "k")])
+    asked = _counting(monkeypatch)
+    feeds = [{"x": np.array([0, 1, 2, v], np.float32)} for v in (3, 4, 5, 120)]
+    got = measure_ranges(io.load(m), _Feeds(feeds))
+    assert asked == [["y"], ["y"]] and got["y"] == pytest.approx(400)
+    assert precision.settled([300.0, 400.0]) and not precision.settled([300.0, 1200.0])
+
+
+def test_a_tensor_that_moved_between_the_first_samples_is_run_on_every_sample(monkeypatch):
+    """A state zero on the first sample of a stream, then growing: every sample is run, and the
+    fourth puts it over the limit (the op stays float32)."""
+    m = _qdq_chain(1.0, [onnx.helper.make_node("Mul", ["xdq", "k"], ["y"], name="amplify")],
+                   [onnx.numpy_helper.from_array(np.array(100, np.float32), "k")])
+    asked = _counting(monkeypatch)
+    feeds = [{"x": np.array([0, 0, 0, v], np.float32)} for v in (0, 3, 5, 120)]
+    got = measure_ranges(io.load(m), _Feeds(feeds))
+    assert len(asked) == 4 and got["y"] == pytest.approx(12000)
+    assert not precision.settled([0.0, 300.0]) and not precision.settled([1100.0, 1100.0])
+
+
 def test_softmax_mix_and_layernorm_bounds():
     """Softmax @ V is a convex mix of V's rows; LayerNormalization's output is at most sqrt(N - 1)
     times its scale plus its bias; an op not covered is unbounded."""
