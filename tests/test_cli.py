@@ -197,6 +197,19 @@ def test_python_dash_m_runs_the_command():
     assert r.returncode == 2 and r.stderr.startswith("qdqgraph: error: model file not found")
 
 
+def test_entry_keeps_the_exit_code_and_leaves_the_garbage_to_the_process(monkeypatch):
+    """entry(): main()'s code as the exit status, the garbage frozen first (the interpreter's last
+    collection would free it)."""
+    import gc
+    import qdqgraph.cli as cli
+    done = []
+    monkeypatch.setattr(cli, "main", lambda: 2)
+    monkeypatch.setattr(gc, "freeze", lambda: done.append("frozen"))
+    with pytest.raises(SystemExit) as e:
+        cli.entry()
+    assert e.value.code == 2 and done == ["frozen"]
+
+
 def test_console_script_and_example(tmp_path):
     exe = Path(sys.executable).parent / "qdqgraph"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "qdqgraph.cli"]

@@ -9,6 +9,7 @@ and the line says what was written). Warnings go to stderr, each once, prefixed 
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -147,4 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, old_term)
 
 
-__all__ = ["main", "build_parser", "warn"]
+__all__ = ["main", "entry", "build_parser", "warn"]
+
+
+def entry() -> None:
+    """The `qdqgraph` command (the console script, `python -m qdqgraph`): main(), then the exit.
+    The run's graphs are cyclic garbage by then, and the interpreter's last collection would free
+    them cycle by cycle (0.9 s after a 10,000-node CNN's insert): frozen, they go with the process."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+

@@ -1,6 +1,4 @@
 """`python -m qdqgraph.cli ...`: the `qdqgraph` command."""
-import sys
+from . import entry
 
-from . import main
-
-sys.exit(main())
+entry()
