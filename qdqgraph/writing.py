@@ -96,7 +96,9 @@ def _at_precision_opset(loaded: io.Loaded, provenance: dict, high_precision: str
     with step("opset"):
         model = _raise_for_islands(model, high_precision, report)
     with step("import"):
-        return io.load(model, check=False)
+        lowered = io.load(model, check=False)
+        lowered.dims = loaded.dims
+        return lowered
 
 
 def _check_raised(model: proto.ModelProto, what: str, report: InsertReport,

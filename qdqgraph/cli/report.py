@@ -59,9 +59,11 @@ def run(args) -> int:
                 doc = dict(kept.report, target=target)
                 outputs.write_text(json_path, json.dumps(doc, indent=1) + "\n", force=args.force)
             return 3 if args.strict and kept.lint else 0
+    dims = recorded.dims_of(model)                   # the shapes insert predicted at (its calibration data's)
     loaded = io.load(model, check=False)             # read_model checked it
     del model
-    sim, diagnostics = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target)
+    sim, diagnostics = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target,
+                                         dims=dims)
     print(sim.table().splitlines()[-1] if args.quiet else sim.table())
     for d in diagnostics:
         print(d)

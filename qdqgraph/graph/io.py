@@ -53,6 +53,7 @@ class Loaded:
     opset_raised_from: int | None = None
     fixed_inputs: tuple[str, ...] = ()     # inputs made constants (qdqgraph.passes.fix_inputs)
     repairs: list[str] = field(default_factory=list)   # what loading repaired in an old or merged export
+    dims: dict[str, int] = field(default_factory=dict)  # symbolic dims at the calibration data's shapes (bound_dims)
 
 
 def opset_of(model: onnx.ModelProto) -> int:
@@ -1353,6 +1354,58 @@ def refine_shapes(graph: gs.Graph, model: onnx.ModelProto, light: onnx.ModelProt
             if t is not None:
                 vi.CopyFrom(onnx.helper.make_tensor_value_info(vi.name, vi.type.tensor_type.elem_type, t.shape))
     return sorted(changed)
+
+
+def bound_dims(loaded: Loaded, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """The value each symbolic dimension of `loaded`'s tensors takes when its graph inputs have
+    `shapes` (input name -> a calibration sample's shape): ONNX shape inference, data propagation
+    on, over the graph with those inputs fixed, each tensor's declared shape read against the
+    inferred one. A symbol that comes out with two values, or none, stays unbound. No inference
+    runs where the graph inputs' own symbols are the only ones (a CNN's batch dim)."""
+    graph = loaded.graph
+    tensors = {name: t for name, t in tensor_map(graph).items() if isinstance(t, gs.Variable) and t.shape is not None}
+    if not any(isinstance(d, str) for t in tensors.values() for d in t.shape):
+        return {}
+    seen: dict[str, set[int]] = {}
+    for t in graph.inputs:
+        if t.name in shapes and t.shape is not None:
+            _bind(seen, list(t.shape), [int(v) for v in shapes[t.name]])
+    if not all(d in seen for t in tensors.values() for d in t.shape if isinstance(d, str)):
+        for name, shape in _inferred_at(loaded, shapes).items():      # symbols the inputs do not carry
+            t = tensors.get(name)
+            if t is not None:
+                _bind(seen, list(t.shape), shape)
+    return {d: next(iter(v)) for d, v in sorted(seen.items()) if len(v) == 1}
+
+
+def _bind(seen: dict[str, set[int]], declared: list, concrete: list) -> None:
+    """Each symbol of `declared` to the value `concrete` (the same tensor's shape) has there."""
+    if len(declared) == len(concrete):
+        for d, v in zip(declared, concrete):
+            if isinstance(d, str) and isinstance(v, int) and v > 0:
+                seen.setdefault(d, set()).add(v)
+
+
+def _inferred_at(loaded: Loaded, shapes: dict[str, tuple[int, ...]]) -> dict[str, list]:
+    """Tensor name -> the shape ONNX inference gives it with the graph inputs at `shapes` (the
+    graph exported without its weights' data); {} where inference fails or the model is too large."""
+    model, _ = to_model_and_weights(loaded)
+    if tensor_bytes(model) >= EXTERNAL_DATA_THRESHOLD:
+        return {}
+    light = _weights_as_inputs(model)[0]
+    for i in light.graph.input:
+        dims = i.type.tensor_type.shape.dim if i.type.tensor_type.HasField("shape") else []
+        if i.name in shapes and len(dims) == len(shapes[i.name]):
+            for d, v in zip(dims, shapes[i.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    del light.graph.value_info[:]
+    try:
+        out = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return {}
+    found = {vi.name: get_onnx_tensor_shape(vi) for vi in (*out.graph.value_info, *out.graph.output)}
+    return {name: list(shape) for name, shape in found.items() if shape is not None}
 
 
 def _plain(graph: gs.Graph) -> bool:

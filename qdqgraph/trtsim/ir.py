@@ -141,6 +141,16 @@ class SimGraph:
         g._index_all()
         return g
 
+    def bind(self, dims: dict[str, int] | None) -> "SimGraph":
+        """Each symbolic dimension of the tensors' shapes that `dims` names takes its value there
+        (io.bound_dims: the calibration data's shapes), so that FLOPs and bytes are counted at those
+        shapes, not with an unknown dimension as 1. Returns the graph."""
+        if dims:
+            for t in self.tensors.values():
+                if t.shape is not None and any(isinstance(d, str) for d in t.shape):
+                    t.shape = tuple(dims.get(d, d) if isinstance(d, str) else d for d in t.shape)
+        return self
+
     def _read_tensors(self, view: GraphView) -> None:
         """An STensor for every named tensor of `view`: its dtype (GraphView.dtype), shape and, for
         a constant (an initializer or a Constant node's output), its value. The view's lookups,

@@ -32,7 +32,7 @@ from .ir import DQ, OP, Q, SimGraph, SNode
 from .regions import costly_regions
 from .report import SimReport
 from .rules import load_sim_rules
-from .simulate import as_graph, simulate, simulate_graph
+from .simulate import as_graph, read, simulate, simulate_graph
 
 
 @dataclass(frozen=True)
@@ -191,10 +191,11 @@ def lint(model, report: SimReport | None = None, region=None) -> list[Diagnostic
     return found
 
 
-def simulate_and_lint(model, region=None, target: str = "tensorrt") -> tuple[SimReport, list[Diagnostic]]:
-    """`simulate(model, target=target)` and `lint(model, that report, region)`, the graph read into
-    the simulator once: its findings are read before the simulation rewrites it."""
-    g = SimGraph.from_gs(as_graph(model))
+def simulate_and_lint(model, region=None, target: str = "tensorrt",
+                      dims: dict[str, int] | None = None) -> tuple[SimReport, list[Diagnostic]]:
+    """`simulate(model, target=target, dims=dims)` and `lint(model, that report, region)`, the graph
+    read into the simulator once: its findings are read before the simulation rewrites it."""
+    g = read(model, dims)
     found = _diagnostics_of(g)
     report = simulate_graph(g, load_sim_rules(target=target))
     if region is not None:

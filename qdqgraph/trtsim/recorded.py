@@ -23,6 +23,9 @@ from ..version import __version__
 from .rules import rule_files
 
 KEY = "qdqgraph.prediction"
+# the values of the graph's symbolic dimensions the prediction was made at (io.bound_dims: the
+# calibration data's shapes), JSON; `report` simulates again at them
+DIMS_KEY = "qdqgraph.dims"
 FORMAT = 1
 MAX_GRAPH_BYTES = 1 << 30          # a larger graph is not serialized again for its digest
 
@@ -66,11 +69,15 @@ def rules_digest(target: str) -> str:
     return h.hexdigest()
 
 
-def record(model, sim, diagnostics, target: str) -> bool:
+def record(model, sim, diagnostics, target: str, dims: dict[str, int] | None = None) -> bool:
     """Keep `sim` (a SimReport of `model`'s graph) and the linter's `diagnostics` in `model`'s
-    metadata (in place, replacing an earlier record). False, and nothing recorded, when the graph
-    is too large for a digest."""
+    metadata (in place, replacing an earlier record), and `dims`, the symbolic dimensions' values
+    it was simulated at (DIMS_KEY; kept also when the graph is too large for a digest). False, and
+    no prediction recorded, when the graph is too large for a digest."""
     forget(model)
+    if dims:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = DIMS_KEY, json.dumps(dims, sort_keys=True, separators=(",", ":"))
     graph_digest = digest(model)
     if graph_digest is None:
         return False
@@ -84,13 +91,26 @@ def record(model, sim, diagnostics, target: str) -> bool:
 
 
 def forget(model) -> None:
-    """Remove the record from `model`'s metadata (in place)."""
-    kept = [(p.key, p.value) for p in model.metadata_props if p.key != KEY]
+    """Remove the record (and the dimensions it was made at) from `model`'s metadata (in place)."""
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key not in (KEY, DIMS_KEY)]
     if len(kept) != len(model.metadata_props):
         del model.metadata_props[:]
         for k, v in kept:
             entry = model.metadata_props.add()
             entry.key, entry.value = k, v
+
+
+def dims_of(model) -> dict[str, int]:
+    """The symbolic dimensions' values `model`'s prediction was made at (DIMS_KEY), or {}: `model` a
+    ModelProto, or a qdqgraph Loaded (its metadata read into a dict)."""
+    props = model.metadata_props
+    value = props.get(DIMS_KEY) if isinstance(props, dict) else next((p.value for p in props if p.key == DIMS_KEY), None)
+    try:
+        doc = json.loads(value) if value is not None else {}
+    except ValueError:
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, int) and v > 0} \
+        if isinstance(doc, dict) else {}
 
 
 def recorded(model, target: str) -> Recorded | None:

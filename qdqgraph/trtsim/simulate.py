@@ -2,6 +2,8 @@
 SimReport. The caller's graph is never modified."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -12,6 +14,7 @@ from .flops import node_flops
 from .fuse import Fuser
 from .ir import DQ, Q, SimGraph
 from .propagate import eliminate_no_ops, fold_weights, pair_up, propagate
+from .recorded import dims_of
 from .report import Layer, Port, SimReport
 from .rules import SimRuleSet, load_sim_rules
 from .trace import Trace
@@ -27,10 +30,22 @@ def as_graph(model) -> gs.Graph:
     return io.load(model).graph
 
 
-def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None, target: str = "tensorrt") -> SimReport:
+def simulate(model, rules: SimRuleSet | None = None, bound: int | None = None, target: str = "tensorrt",
+             dims: dict[str, int] | None = None) -> SimReport:
     """Predict how TensorRT (or, with target="tensorrt-rtx", TensorRT for RTX) fuses a Q/DQ graph:
-    layers, their precisions, and the reformats."""
-    return simulate_graph(SimGraph.from_gs(as_graph(model)), rules or load_sim_rules(target=target), bound)
+    layers, their precisions, and the reformats. `dims`: see `read`."""
+    return simulate_graph(read(model, dims), rules or load_sim_rules(target=target), bound)
+
+
+def read(model, dims: dict[str, int] | None = None) -> SimGraph:
+    """`model` (as `as_graph` takes it) read into the simulator, its symbolic dimensions given the
+    values `dims` names (SimGraph.bind: FLOPs and bytes are counted there); by default those a model
+    qdqgraph wrote keeps in its metadata (its calibration data's shapes, recorded.DIMS_KEY)."""
+    if isinstance(model, (str, os.PathLike)):
+        model = io.load(model)
+    if dims is None and not isinstance(model, gs.Graph) and hasattr(model, "metadata_props"):
+        dims = dims_of(model)
+    return SimGraph.from_gs(as_graph(model)).bind(dims)
 
 
 def simulate_graph(g: SimGraph, rules: SimRuleSet | None = None, bound: int | None = None) -> SimReport:
