@@ -1387,23 +1387,18 @@ def _bind(seen: dict[str, set[int]], declared: list, concrete: list) -> None:
 
 
 def _inferred_at(loaded: Loaded, shapes: dict[str, tuple[int, ...]]) -> dict[str, list]:
-    """Tensor name -> the shape ONNX inference gives it with the graph inputs at `shapes` (the
-    graph exported without its weights' data); {} where inference fails or the model is too large."""
+    """Tensor name -> the shape ONNX inference (`infer_shapes`, on the graph exported without its
+    weights' data) gives it with the graph inputs at `shapes`; only the declared outputs where
+    inference cannot run."""
     model, _ = to_model_and_weights(loaded)
-    if tensor_bytes(model) >= EXTERNAL_DATA_THRESHOLD:
-        return {}
-    light = _weights_as_inputs(model)[0]
-    for i in light.graph.input:
+    for i in model.graph.input:
         dims = i.type.tensor_type.shape.dim if i.type.tensor_type.HasField("shape") else []
         if i.name in shapes and len(dims) == len(shapes[i.name]):
             for d, v in zip(dims, shapes[i.name]):
                 d.Clear()
                 d.dim_value = int(v)
-    del light.graph.value_info[:]
-    try:
-        out = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, ValueError):
-        return {}
+    del model.graph.value_info[:]
+    out = infer_shapes(model, inplace=True)
     found = {vi.name: get_onnx_tensor_shape(vi) for vi in (*out.graph.value_info, *out.graph.output)}
     return {name: list(shape) for name, shape in found.items() if shape is not None}
 
