@@ -742,7 +742,7 @@ def to_model(loaded: Loaded, provenance: dict[str, str] | None = None, tidy: boo
     did both)."""
     graph = loaded.graph
     if tidy:
-        toposort(cleanup(graph))
+        _tidy(graph)                         # cleanup, then toposort
     model = fast_export.export(graph)        # gs.export_onnx's bytes, built faster (graph/export.py)
     if model is None:                        # a case it leaves to graphsurgeon
         _pack_4bit(graph)
@@ -1472,10 +1472,64 @@ def _cleanup_plain(graph: gs.Graph) -> gs.Graph:
 
 
 def tidy(graph: gs.Graph) -> gs.Graph:
-    """`cleanup`, then `toposort`: what a pass leaves behind it (the graph looked over for subgraphs once)."""
+    """`cleanup`, then `toposort`: what a pass leaves behind it (the graph looked over for subgraphs once).
+    A graph already tidy (`_tidy_already`: a pass that changed nothing, the first pass after a load)
+    is left as it is after one look over it, half the time of the cleanup's walk and the sort's check."""
     if not _plain(graph):
         return toposort(graph.cleanup(remove_unused_graph_inputs=False))
+    for inp in graph.inputs:
+        inp.inputs.clear()
+    if _tidy_already(graph):
+        return graph
     return _toposort_plain(_cleanup_plain(graph))
+
+
+_tidy = tidy            # to_model's own name for it (its `tidy` argument hides the function)
+
+
+def _tidy_already(graph: gs.Graph) -> bool:
+    """Whether `_cleanup_plain` would remove nothing and `_toposort_plain` keep the order (the graph
+    inputs' producers already cleared). That holds where the nodes are sorted by level
+    (`_sorted_by_level`, which also rules out a cycle), each node writes a graph output or a tensor
+    a later node reads, every tensor's producers are in the node list, and no two distinct tensors
+    share a name (then the cleanup's walk back by name reaches what a walk by identity reaches:
+    with the order, every node, by induction from the last). Where any of that fails, or is not
+    worth proving, False: the cleanup and sort run and decide."""
+    nodes = graph.nodes
+    member = {id(n) for n in nodes}
+    outs = {id(t) for t in graph.outputs}
+    named: dict[str, gs.Tensor] = {}
+    for t in (*graph.inputs, *graph.outputs):
+        if t.name and named.setdefault(t.name, t) is not t:
+            return False
+        for p in t.inputs:
+            if id(p) not in member:
+                return False
+    level: dict[int, int] = {}
+    last = 0
+    for n in nodes:
+        lv = 0
+        for t in n.inputs:
+            if t.name and named.setdefault(t.name, t) is not t:
+                return False
+            for p in t.inputs:
+                got = level.get(id(p))
+                if got is None:
+                    return False            # a producer later in the list, or outside it
+                if got >= lv:
+                    lv = got + 1
+        if lv < last:
+            return False
+        level[id(n)] = last = lv
+        used = False
+        for t in n.outputs:
+            if t.name and named.setdefault(t.name, t) is not t:
+                return False
+            if not used and (id(t) in outs or any(id(c) in member for c in t.outputs)):
+                used = True
+        if not used:
+            return False
+    return True
 
 
 def _sorted_by_level(nodes: list[gs.Node], member: set[int]) -> bool:
