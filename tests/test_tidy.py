@@ -102,3 +102,26 @@ def test_a_cycle_is_not_tidy():
     graph = gs.Graph(nodes=[gs.Node("Relu", "r1", inputs=[a], outputs=[b]), gs.Node("Relu", "r2", inputs=[b], outputs=[a])],
                      inputs=[], outputs=[b])
     assert not io._tidy_already(graph)
+
+
+def test_bodies_are_graphsurgeons_subgraphs_in_its_order():
+    from qdqgraph.graph.view import bodies
+    from qdqgraph.testing.branches import vad_if_model
+    graph = io.load(vad_if_model(opset=15)).graph
+    theirs = list(graph.subgraphs(recursive=True))
+    assert theirs and [id(g) for g in bodies(graph)] == [id(g) for g in theirs]
+    plain = io.load(motifs.ALL["residual_add"]()).graph
+    assert bodies(plain) == [] == list(plain.subgraphs(recursive=True))
+
+
+def test_a_model_holding_quantization_is_refused_by_op_type():
+    from qdqgraph.errors import QdqError
+    from qdqgraph.prepare import refuse_quantized
+    loaded = io.load(motifs.ALL["residual_add"]())
+    refuse_quantized(loaded)                           # a float model passes
+    x = loaded.graph.inputs[0]
+    scale, zp = gs.Constant("s", np.array(0.1, np.float32)), gs.Constant("z", np.array(0, np.int8))
+    q = gs.Variable("xq", dtype=np.int8)
+    loaded.graph.nodes.append(gs.Node("QuantizeLinear", "q", inputs=[x, scale, zp], outputs=[q]))
+    with pytest.raises(QdqError, match="QuantizeLinear"):
+        refuse_quantized(loaded)

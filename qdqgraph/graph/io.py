@@ -20,7 +20,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from . import export as fast_export, outputs, wire
-from .view import tensor_map
+from .view import bodies, tensor_map
 from ..errors import QdqError
 from ..precisions.formats import FOUR_BIT_TYPES
 from ..ops import CONSTANT
@@ -679,7 +679,7 @@ def name_nodes(graph: gs.Graph) -> int:
     `<op>_<k>` (k its place in the walk) for a node without one, `<name>_<k>` for a repeat of an
     earlier node's name; neither collides with a name the model holds. Deterministic: the same model
     gets the same names. Returns how many nodes were named."""
-    nodes = [n for g in (graph, *graph.subgraphs(recursive=True)) for n in g.nodes]
+    nodes = [n for g in (graph, *bodies(graph)) for n in g.nodes]
     taken = {n.name for n in nodes if n.name}
     seen: set[str] = set()
     named = 0
@@ -707,7 +707,7 @@ def _materialize(graph: gs.Graph, arrays: Apart | None = None) -> None:
     their ml_dtypes types, as onnx itself reads them. `arrays`: the data of the stubs
     `read_weights_apart` left in the model, by name."""
     graph.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in graph.import_domains or []]
-    for g in [graph, *graph.subgraphs(recursive=True)]:
+    for g in [graph, *bodies(graph)]:
         if g is not graph and g.import_domains is not None:
             g.import_domains = [onnx.helper.make_opsetid(d.domain, d.version) for d in g.import_domains]
         for t in tensor_map(g).values():
@@ -731,7 +731,7 @@ def _pack_4bit(graph: gs.Graph) -> None:
     """graphsurgeon 0.6.1 writes an int4 array one value per byte, which onnx rejects: hand it
     those constants as TensorProtos onnx packed (two values per byte), which it writes as they are.
     (fast_export.export does the same per graph as it writes it.)"""
-    for g in [graph, *graph.subgraphs(recursive=True)]:
+    for g in [graph, *bodies(graph)]:
         for t in tensor_map(g).values():
             fast_export.pack_4bit(t)
 
@@ -1241,7 +1241,7 @@ def raise_graph_opset(graph: gs.Graph, minimum: int) -> bool:
 
 def _set_opset(graph: gs.Graph, opset: int) -> None:
     """New opset entries, not the old ones changed: a copy of the graph (graph.copy()) shares them."""
-    for g in (graph, *graph.subgraphs(recursive=True)):
+    for g in (graph, *bodies(graph)):
         g.opset = opset
         if g.import_domains is not None:
             g.import_domains = [onnx.helper.make_opsetid(d.domain, opset if d.domain in _DEFAULT_DOMAINS else d.version)
@@ -1251,7 +1251,7 @@ def _set_opset(graph: gs.Graph, opset: int) -> None:
 def _values(graph: gs.Graph) -> int:
     """How many values onnx's IR makes of `graph` exported: inputs, initializers, node outputs (bodies too)."""
     count = 0
-    for g in (graph, *graph.subgraphs(recursive=True)):
+    for g in (graph, *bodies(graph)):
         names = {t.name for t in g.inputs}
         count += len(g.inputs) + sum(1 for name, t in g.tensors().items()
                                      if isinstance(t, gs.Constant) and name not in names and not t.inputs)
