@@ -27,6 +27,7 @@ from .recipes.small_regions import refine
 from .execution.memory import fits
 from .execution.profile import step
 from .graph.view import GraphView
+from .ops import vocabulary
 
 MAX_INLINE_ROUNDS = 8          # nesting depth of If nodes inlined once their conditions are constant
 
@@ -42,8 +43,8 @@ def model_inputs(graph) -> list[InputSpec]:
 
 
 def refuse_quantized(loaded: io.Loaded) -> None:
-    view = GraphView(loaded.graph)
-    found = sorted({n.op for n in view.nodes if view.vocab.is_(n, "quant")})
+    vocab = vocabulary()        # asked once per op type (a GraphView's tensor map is not needed)
+    found = sorted(op for op in {n.op for n in loaded.graph.nodes} if vocab.is_(op, "quant"))
     if found:
         raise QdqError(f"the model already holds quantization ({', '.join(found)})",
                        "give qdqgraph the float model it came from (or inspect this one with `qdqgraph report`)")

@@ -325,6 +325,14 @@ class NamedView:
         return self._position
 
 
+def bodies(graph: gs.Graph) -> list[gs.Graph]:
+    """`list(graph.subgraphs(recursive=True))`: every If/Loop/Scan body under `graph`, nested ones
+    included, in graphsurgeon's order; only the nodes with a graph attribute are asked for theirs
+    (graphsurgeon's generator per node took 48 ms on a 26,000-node graph that has none)."""
+    return [sub for n in graph.nodes if any(isinstance(v, gs.Graph) for v in n.attrs.values())
+            for sub in n.subgraphs(recursive=True)]
+
+
 def subgraph_reads(node: gs.Node) -> list[str]:
     """Names of tensors from outside `node` that its If/Loop/Scan bodies (at any depth) read: an
     implicit input, referred to by name inside the body (may include names of enclosing bodies)."""

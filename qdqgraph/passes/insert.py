@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 from ..precisions.formats import INT8, Format
 from ..ops import DEQUANTIZE, QUANTIZE
 from ..placement.plan import Plan, Site
-from ..graph.view import GraphView
+from ..graph.view import GraphView, bodies
 from .base import PassResult, result
 from .registry import OPSET_13, QDQ_SOUND, declare
 from ..graph import io
@@ -94,7 +94,7 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
     # names are unique across the model: an If branch quantized before (graph/branches) holds Q/DQ of
     # the outer tensors it reads, named as these would be
     names = _Names(set(view.tensors) | {n.name for n in graph.nodes}
-                   | {x for g in graph.subgraphs(recursive=True) for x in (*g.tensors(), *(n.name for n in g.nodes))})
+                   | {x for g in bodies(graph) for x in (*g.tensors(), *(n.name for n in g.nodes))})
     out = []
     for site in sorted(plan.sites.values(), key=lambda s: s.tensor):
         t = view.tensors[site.tensor]
