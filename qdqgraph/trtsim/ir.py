@@ -247,14 +247,19 @@ class SimGraph:
         """The index of every node at once, as adding them one by one in `self.nodes` order would
         leave it: each consumer list is sorted once, a node of equal sort key (names "x01" and
         "x1") before those added earlier."""
+        producer, consumers = self._producer, self._consumers     # local names: every edge of the graph
         for node in self.nodes.values():
             for o in node.outputs:
                 if o:
-                    self._producer[o] = node
+                    producer[o] = node
             for i, t in enumerate(node.inputs):
                 if t:
-                    self._consumers.setdefault(t, []).append((node, i))
-        for uses in self._consumers.values():
+                    uses = consumers.get(t)
+                    if uses is None:
+                        consumers[t] = [(node, i)]
+                    else:
+                        uses.append((node, i))
+        for uses in consumers.values():
             if len(uses) > 1:
                 uses.reverse()
                 uses.sort(key=_use_key)
