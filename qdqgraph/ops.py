@@ -65,9 +65,12 @@ class Vocabulary:
         self._ops = {name: c.ops for name, c in classes.items()}   # is_ runs millions of times a run
 
     def is_(self, node_or_op, cls: str) -> bool:
-        ops = self._ops.get(cls)
-        if ops is None:
-            raise KeyError(f"unknown op class {cls!r}; classes are in rules/op_classes.toml")
+        try:
+            ops = self._ops[cls]
+        except KeyError:
+            raise KeyError(f"unknown op class {cls!r}; classes are in rules/op_classes.toml") from None
+        if node_or_op.__class__ is str:         # the common cases first: a plain op name, then a node
+            return node_or_op in ops
         return (node_or_op if isinstance(node_or_op, str) else node_or_op.op) in ops
 
     def known(self, cls: str) -> bool:

@@ -480,3 +480,31 @@ def test_user_rule_file_replaces_a_bundled_rule(tmp_path):
     report = trtsim.simulate(pool(), rules=rules)
     assert report.layer_of("pool").rule == "R2-int8-data-movement"
     assert sim(pool()).layer_of("pool").rule == "F1-weighted-int8"
+
+
+def test_rules_for_an_op_type_keep_file_order_and_leave_out_other_classes(tmp_path):
+    """SimRuleSet.for_op: the rules of an action whose op class holds the op type ("any" holds
+    every one), in file order; another op type gets its own answer, not the first one asked."""
+    from qdqgraph.ops import vocabulary
+    f = tmp_path / "mine.toml"
+    f.write_text('schema = 1\n[[rule]]\nid = "U-any"\ndoc = "d"\nref = "r"\naction = "epilogue"\nop = "any"\n'
+                 'when = ["requant"]\n')
+    rules, vocab = load_sim_rules([f]), vocabulary()
+    epilogue = rules.for_action("epilogue")
+    relu = rules.for_op("epilogue", vocab, "Relu")
+    assert relu == tuple(r for r in epilogue if r.op == "any" or vocab.is_("Relu", r.op))
+    assert relu[0].id == "U-any" and "F2-activation" in {r.id for r in relu}
+    add = rules.for_op("epilogue", vocab, "Add")
+    assert "F2-residual-add" in {r.id for r in add} and "F2-residual-add" not in {r.id for r in relu}
+    assert {r.id for r in rules.for_op("epilogue", vocab, "NoSuchOp")} == {"U-any", "F2-pointwise-region"}
+    assert rules.for_op("epilogue", vocab, "Relu") is relu          # found once per op type
+
+
+def test_the_vocabulary_takes_nodes_op_names_and_str_subclasses():
+    from qdqgraph.ops import vocabulary
+    from qdqgraph.trtsim.ir import SNode
+    vocab = vocabulary()
+    assert vocab.is_("Conv", "weighted") and vocab.is_(np.str_("Conv"), "weighted")
+    assert vocab.is_(SNode("c", "Conv", [], []), "weighted") and not vocab.is_(SNode("r", "Relu", [], []), "weighted")
+    with pytest.raises(KeyError, match="unknown op class 'no_class'"):
+        vocab.is_("Conv", "no_class")

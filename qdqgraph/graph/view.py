@@ -336,7 +336,10 @@ def bodies(graph: gs.Graph) -> list[gs.Graph]:
 def subgraph_reads(node: gs.Node) -> list[str]:
     """Names of tensors from outside `node` that its If/Loop/Scan bodies (at any depth) read: an
     implicit input, referred to by name inside the body (may include names of enclosing bodies)."""
-    if not any(isinstance(v, gs.Graph) for v in node.attrs.values()):
+    for v in node.attrs.values():   # a plain loop: this runs for every node of every graph read
+        if isinstance(v, gs.Graph):
+            break
+    else:
         return []                   # no body (graphsurgeon's subgraphs() costs 10 us a node to say so)
     names: dict[str, None] = {}
 

@@ -66,6 +66,7 @@ class Conditions:
     def __init__(self, owner: str):
         self.owner = owner
         self._by_name: dict[str, Condition] = {}
+        self._steps: dict[tuple, tuple] = {}       # a rule's `when` -> its parsed steps (rules are read once)
 
     def register(self, name: str, captures: tuple[str, ...] = ()):
         def wrap(fn):
@@ -97,19 +98,31 @@ class Conditions:
     def evaluate(self, when, ctx: Context, node) -> Match:
         """Each condition of `when` in order: the first miss explains; on a hit, the notes of the
         conditions that explain themselves, joined, and all captures."""
+        key = when if isinstance(when, tuple) else tuple(when)
+        steps = self._steps.get(key)
+        if steps is None:
+            steps = self._steps[key] = self._parsed(key)
         captures: dict[str, Any] = {}
         notes: list[str] = []
-        for cond in when:
-            negated, name, arg = parse(cond)
-            m = self._by_name[name].fn(ctx, node, arg)
+        for cond, negated, fn, arg in steps:
+            m = fn(ctx, node, arg)
             if negated:
                 m = miss(f"{cond[4:]} holds" + (f" ({m.reason})" if m.reason else "")) if m.ok else hit()
             if not m.ok:
                 return m
             if m.reason:
                 notes.append(m.reason)
-            captures.update(m.captures)
+            if m.captures:
+                captures.update(m.captures)
         return hit("; ".join(notes), **captures)
+
+    def _parsed(self, when) -> tuple:
+        """(condition text, negated, function, argument) of each condition of `when`."""
+        out = []
+        for cond in when:
+            negated, name, arg = parse(cond)
+            out.append((cond, negated, self._by_name[name].fn, arg))
+        return tuple(out)
 
 
 @lru_cache(maxsize=4096)

@@ -32,7 +32,8 @@ def through_branches(graph: gs.Graph) -> gs.Graph:
     """`graph` itself when no If is left in it; else a copy with every If replaced by the branch
     that runs (`runs_then`), nested ones included. The caller's graph is not modified."""
     vocab = vocabulary()
-    if not any(vocab.is_(n, "conditional") for n in graph.nodes):
+    conditional = vocab.ops_of("conditional")
+    if not any(n.op in conditional for n in graph.nodes):
         return graph
     copy = graph.copy()
     for _ in range(MAX_ROUNDS):

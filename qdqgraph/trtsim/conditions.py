@@ -549,6 +549,12 @@ def op_matches(g: SimGraph, rule, node: SNode) -> bool:
     return _op_matches(g.vocab, rule.op, node)
 
 
+def holds(ctx: Context, rule, node: SNode) -> Match:
+    """`evaluate` for a rule whose op class the caller knows to hold `node` (SimRuleSet.for_op):
+    its conditions in order, the first failure explains."""
+    return CONDITIONS.evaluate(rule.when, ctx, node)
+
+
 def evaluate(ctx: Context, rule, node: SNode) -> Match:
     """The op class, then each condition in order; the first failure explains."""
     if not op_matches(ctx.graph, rule, node):

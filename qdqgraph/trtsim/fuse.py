@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..rulebook.match import Context
 from ..graph.pointwise import region_source
-from .conditions import CONDITIONS, LayerBuild, attention_block, evaluate, op_matches, pointwise_region
+from .conditions import LayerBuild, attention_block, evaluate, holds, op_matches, pointwise_region
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -42,7 +42,6 @@ class Fuser:
         self.layers: list[LayerBuild] = []
         self.buffers: list[LayerBuild] = []          # ops that became no layer (R6-concat-buffer)
         self.candidates = residual_candidates(g, rules)
-        self._by_op: dict[tuple[str, str], tuple] = {}     # (action, op type) -> its rules of that op's classes
         self.memo: dict = {}                         # Context.memo of every rule tried: fusing reads the graph only
 
     def ctx(self, layer=None, tensor=None) -> Context:
@@ -56,7 +55,7 @@ class Fuser:
         for rule in self._rules_for(action, node):
             if ctx is None:
                 ctx = self.ctx(layer, tensor)
-            m = CONDITIONS.evaluate(rule.when, ctx, node)    # `evaluate` less its op class check, made above
+            m = holds(ctx, rule, node)        # `evaluate` less its op class check, made by _rules_for
             ok, why = m.ok, m.reason
             if ok:
                 return rule
@@ -69,11 +68,7 @@ class Fuser:
     def _rules_for(self, action: str, node: SNode) -> tuple:
         """The rules of `action` whose op class holds `node` (the class depends on the op type only),
         in file order; found once per op type."""
-        key = (action, node.op)
-        found = self._by_op.get(key)
-        if found is None:
-            found = self._by_op[key] = tuple(r for r in self.rules.for_action(action) if op_matches(self.g, r, node))
-        return found
+        return self.rules.for_op(action, self.g.vocab, node.op)
 
     def own(self, layer: LayerBuild, node: SNode, rule_id: str | None = None):
         layer.absorb(node)

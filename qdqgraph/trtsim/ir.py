@@ -117,6 +117,9 @@ class SimGraph:
         self._position: dict[str, int] | None = None
         self._counter = 0
         self.journal: set[str] | None = None   # tensors touched by edits, while a driver records them
+        # op classes the hot queries test, as sets of op types (the vocabulary's, read once)
+        self._shape_of = self.vocab.ops_of("shape_of")
+        self._pointwise = self.vocab.ops_of("elementwise") | self.vocab.ops_of("epilogue")
 
     # ------------------------------------------------------------------ construction
 
@@ -244,14 +247,19 @@ class SimGraph:
         """The index of every node at once, as adding them one by one in `self.nodes` order would
         leave it: each consumer list is sorted once, a node of equal sort key (names "x01" and
         "x1") before those added earlier."""
+        producer, consumers = self._producer, self._consumers     # local names: every edge of the graph
         for node in self.nodes.values():
             for o in node.outputs:
                 if o:
-                    self._producer[o] = node
+                    producer[o] = node
             for i, t in enumerate(node.inputs):
                 if t:
-                    self._consumers.setdefault(t, []).append((node, i))
-        for uses in self._consumers.values():
+                    uses = consumers.get(t)
+                    if uses is None:
+                        consumers[t] = [(node, i)]
+                    else:
+                        uses.append((node, i))
+        for uses in consumers.values():
             if len(uses) > 1:
                 uses.reverse()
                 uses.sort(key=_use_key)
@@ -304,7 +312,8 @@ class SimGraph:
     def data_consumers(self, tensor: str) -> list[tuple[SNode, int]]:
         """Consumers that read the tensor's values: a Shape reads its dimensions only, so it puts no
         precision constraint on the tensor (it still keeps its producer alive)."""
-        return [(c, i) for c, i in self.consumers(tensor) if not self.vocab.is_(c, "shape_of")]
+        shape_of = self._shape_of
+        return [(c, i) for c, i in self._consumers.get(tensor, ()) if c.op not in shape_of]
 
     def data_inputs(self, node: SNode) -> list[str]:
         """Inputs that carry activations: float or INT8, not constants, not folded weights (an
@@ -330,7 +339,7 @@ class SimGraph:
 
     def is_pointwise(self, node: SNode) -> bool:
         """An ordinary elementwise or activation op (qdqgraph.graph.pointwise)."""
-        return node.role == OP and (self.vocab.is_(node, "elementwise") or self.vocab.is_(node, "epilogue"))
+        return node.role == OP and node.op in self._pointwise
 
     def carries_data(self, tensor: str) -> bool:
         t = self.tensors.get(tensor)

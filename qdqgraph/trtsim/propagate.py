@@ -7,7 +7,7 @@ import heapq
 
 from ..ops import DEQUANTIZE
 from ..rulebook.match import Context
-from .conditions import evaluate, op_matches
+from .conditions import evaluate, holds
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -53,12 +53,11 @@ def eliminate_no_ops(g: SimGraph, rules: SimRuleSet, trace: Trace) -> list[tuple
     eliminated = []
     ctx = Context(g)
     for node in [n for n in g.order() if n.role == OP and n.inputs and n.inputs[0]]:
-        for rule in rules.for_action("eliminate"):
-            m = evaluate(ctx, rule, node)
+        for rule in rules.for_op("eliminate", g.vocab, node.op):   # a rule of another op class says nothing
+            m = holds(ctx, rule, node)
             ok, why = m.ok, m.reason
             if not ok:
-                if op_matches(g, rule, node):
-                    trace.miss(node.origin, rule.id, why)
+                trace.miss(node.origin, rule.id, why)
                 continue
             g.replace_uses(node.outputs[0], node.inputs[0])
             g.remove(node)
@@ -100,10 +99,8 @@ def try_merge(g: SimGraph, rules: SimRuleSet, trace: Trace, node: SNode) -> bool
     if node.role not in (Q, DQ):
         return False
     ctx = Context(g)
-    for rule in rules.for_action("merge"):
-        if not op_matches(g, rule, node):
-            continue
-        m = evaluate(ctx, rule, node)
+    for rule in rules.for_op("merge", g.vocab, node.op):
+        m = holds(ctx, rule, node)
         ok, why = m.ok, m.reason
         if not ok:
             if sum(1 for c, i in g.consumers(node.inputs[0]) if i == 0 and c.role == node.role) > 1:
@@ -142,14 +139,13 @@ def try_q_backward(g: SimGraph, rules: SimRuleSet, trace: Trace, q: SNode) -> bo
     x = g.producer(q.inputs[0])
     if x is None or x.role != OP:
         return False
-    if not any(op_matches(g, r, x) for r in rules.for_action("q_backward")):
+    candidates = rules.for_op("q_backward", g.vocab, x.op)
+    if not candidates:
         trace.miss(q.origin, "R5-a", f"no rule moves a Q above {x.name} ({x.op}): it does not commute with Q")
         return False
     ctx = Context(g)
-    for rule in rules.for_action("q_backward"):
-        if not op_matches(g, rule, x):
-            continue
-        m = evaluate(ctx, rule, x)
+    for rule in candidates:
+        m = holds(ctx, rule, x)
         ok, why = m.ok, m.reason
         if not ok:
             trace.miss(q.origin + [x.name], rule.id, f"not moved above {x.name} ({x.op}): {why}")
@@ -202,10 +198,8 @@ def try_dq_forward(g: SimGraph, rules: SimRuleSet, trace: Trace, x: SNode) -> bo
     if not dqs:
         return False
     ctx = Context(g)
-    for rule in rules.for_action("dq_forward"):
-        if not op_matches(g, rule, x):
-            continue
-        m = evaluate(ctx, rule, x)
+    for rule in rules.for_op("dq_forward", g.vocab, x.op):
+        m = holds(ctx, rule, x)
         ok, why = m.ok, m.reason
         if not ok:
             trace.miss([o for d in dqs for o in d.origin] + [x.name], rule.id, f"not moved below {x.name} ({x.op}): {why}")

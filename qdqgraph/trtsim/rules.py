@@ -66,12 +66,23 @@ class SimRuleSet:
     rules: tuple[SimRule, ...]
     by_id: dict = field(default_factory=dict, compare=False)
     _by_action: dict = field(default_factory=dict, compare=False, repr=False)
+    _by_op: dict = field(default_factory=dict, compare=False, repr=False)
+
 
     def for_action(self, action: str) -> tuple[SimRule, ...]:
         found = self._by_action.get(action)
         if found is None:
             found = self._by_action[action] = tuple(r for r in self.rules if r.action == action)
         return found
+
+    def for_op(self, action: str, vocab, op: str) -> tuple[SimRule, ...]:
+        """The rules of `action` whose op class (in `vocab`) holds the op type `op`, in file
+        order: the only ones that can fire on a node of that type. Found once per op type."""
+        found = self._by_op.get((action, op))
+        if found is None or found[0] is not vocab:
+            found = self._by_op[(action, op)] = (vocab, tuple(
+                r for r in self.for_action(action) if r.op == "any" or vocab.is_(op, r.op)))
+        return found[1]
 
     def rule(self, action: str) -> SimRule:
         """The one rule of an action that has exactly one (e.g. the reformat fallback)."""
