@@ -16,7 +16,7 @@ from ..errors import QdqError
 from ..ops import vocabulary
 from ..rulebook.files import bundled_files
 from ..rulebook.loader import Table, TableSpec, load_tables
-from ..rulebook.match import Conditions
+from ..rulebook.match import Conditions, op_matches
 from .conditions import CONDITIONS
 
 # action -> what the code does with a rule of that action (the closed registry of mechanisms)
@@ -68,7 +68,6 @@ class SimRuleSet:
     _by_action: dict = field(default_factory=dict, compare=False, repr=False)
     _by_op: dict = field(default_factory=dict, compare=False, repr=False)
 
-
     def for_action(self, action: str) -> tuple[SimRule, ...]:
         found = self._by_action.get(action)
         if found is None:
@@ -81,7 +80,7 @@ class SimRuleSet:
         found = self._by_op.get((action, op))
         if found is None or found[0] is not vocab:
             found = self._by_op[(action, op)] = (vocab, tuple(
-                r for r in self.for_action(action) if r.op == "any" or vocab.is_(op, r.op)))
+                r for r in self.for_action(action) if op_matches(vocab, r.op, op)))
         return found[1]
 
     def rule(self, action: str) -> SimRule:
