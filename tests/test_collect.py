@@ -488,3 +488,26 @@ def test_head_is_the_first_samples_and_leaves_the_data_as_it_was():
         for k, v in head.sample(i).items():
             assert np.array_equal(v, data.sample(i)[k])
     assert data.head(10).count == 6
+
+
+@pytest.mark.parametrize("histogram", [False, True])
+def test_calibration_graph_maps_the_graph_once_not_per_observed_tensor(monkeypatch, histogram):
+    """The in-graph path (no compiled kernel) adds 2-4 nodes per observed tensor: adding them must
+    not map every tensor of the graph each time (a 10,000-node model's calibration graph took more
+    than 15 minutes that way)."""
+    from qdqgraph.calib.collect import calibration_graph
+    g = motifs.G("chain")
+    t = g.input("x", [1, 4, 64, 64])
+    for k in range(40):
+        t = g.node("Relu", [t], [f"t{k}"], name=f"r{k}")
+    g.output(t)
+    loaded, _ = prepared(g.model())
+    names = [f"t{k}" for k in range(40)]
+    calls = []
+    real = type(loaded.graph).tensors
+    monkeypatch.setattr(type(loaded.graph), "tensors", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    built, probes = calibration_graph(loaded.graph, names, histogram, stride=2)
+    assert len(calls) <= 4             # the copy and the lookup, not 2-4 per tensor
+    assert [p.tensor for p in probes] == names
+    out = {o.name for o in built.outputs}
+    assert all(p.amax_out in out and (p.index_out in out) == histogram for p in probes)

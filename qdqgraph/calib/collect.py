@@ -201,10 +201,20 @@ def _subsampled(g: gs.Graph, t: gs.Tensor, i: int, stride: int) -> gs.Tensor:
 
     def const(stem, v):
         return gs.Constant(f"qdqgraph_calib_{stem}_{i}", np.array(v, dtype=np.int64))
-    return g.layer(op=SLICE, name=f"qdqgraph_calib_subsample_{i}",
-                   inputs=[t, const("starts", [0, 0]), const("ends", [shape[2], shape[3]]), const("axes", [2, 3]),
-                           const("steps", [stride, stride])],
-                   outputs=[gs.Variable(f"qdqgraph_calib_subsample_{i}", dtype=np.float32)])[0]
+    return _add(g, SLICE, f"qdqgraph_calib_subsample_{i}",
+                [t, const("starts", [0, 0]), const("ends", [shape[2], shape[3]]), const("axes", [2, 3]),
+                 const("steps", [stride, stride])], np.float32)
+
+
+def _add(g: gs.Graph, op: str, name: str, inputs: list[gs.Tensor], dtype, attrs: dict | None = None,
+         shape=None) -> gs.Variable:
+    """A node `name` appended to `g`, its one output a new tensor of the same name. (graphsurgeon's
+    `Graph.layer` maps every tensor of the graph on each call to check names: a calibration graph
+    of a 10,000-node model, built with it, took more than 15 minutes.) The names are the
+    qdqgraph_calib_ prefix's, numbered per observed tensor."""
+    out = gs.Variable(name, dtype=dtype, shape=shape)
+    g.nodes.append(gs.Node(op=op, name=name, attrs=attrs or {}, inputs=list(inputs), outputs=[out]))
+    return out
 
 
 def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRIDE,
@@ -229,8 +239,7 @@ def raw_graph(graph: gs.Graph, tensors: list[str], stride: int = HISTOGRAM_STRID
             continue
         t = _subsampled(g, existing[name], i, stride)
         if t.name in inputs:             # a graph input cannot also be a graph output
-            t = g.layer(op=IDENTITY, name=f"qdqgraph_calib_copy_{i}", inputs=[t],
-                        outputs=[gs.Variable(f"qdqgraph_calib_copy_{i}", dtype=t.dtype)])[0]
+            t = _add(g, IDENTITY, f"qdqgraph_calib_copy_{i}", [t], t.dtype)
         if t.name not in outputs:
             if t.dtype is None:          # after an op shape inference does not know (a custom op);
                 t.dtype = np.float32     # planned tensors are float, and onnxruntime checks the type
@@ -291,10 +300,8 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
     probes = []
     for i, name in enumerate(tensors):
         t = _subsampled(g, existing[name], i, stride) if histogram else existing[name]
-        a = g.layer(op=ABS, name=f"qdqgraph_calib_abs_{i}", inputs=[t],
-                    outputs=[gs.Variable(f"qdqgraph_calib_abs_{i}", dtype=np.float32)])[0]
-        amax = g.layer(op=REDUCE_MAX, name=f"qdqgraph_calib_amax_{i}", inputs=[a], attrs={"keepdims": 0},
-                       outputs=[gs.Variable(f"qdqgraph_calib_amax_{i}", dtype=np.float32, shape=[])])[0]
+        a = _add(g, ABS, f"qdqgraph_calib_abs_{i}", [t], np.float32)
+        amax = _add(g, REDUCE_MAX, f"qdqgraph_calib_amax_{i}", [a], np.float32, {"keepdims": 0}, shape=[])
         g.outputs.append(amax)
         probe = _Probe(name, amax.name)
         if histogram:
@@ -302,11 +309,8 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
             g.inputs.append(inv)
             # no clipping: a value past the range means the range grows and the batch is rerun,
             # so indices of a batch that did not fit are never counted
-            scaled = g.layer(op=MUL, name=f"qdqgraph_calib_scale_{i}", inputs=[a, inv],
-                             outputs=[gs.Variable(f"qdqgraph_calib_scaled_{i}", dtype=np.float32)])[0]
-            idx = g.layer(op=CAST, name=f"qdqgraph_calib_index_{i}", inputs=[scaled],
-                          attrs={"to": proto.INT32},
-                          outputs=[gs.Variable(f"qdqgraph_calib_index_{i}", dtype=np.int32)])[0]
+            scaled = _add(g, MUL, f"qdqgraph_calib_scaled_{i}", [a, inv], np.float32)
+            idx = _add(g, CAST, f"qdqgraph_calib_index_{i}", [scaled], np.int32, {"to": proto.INT32})
             g.outputs.append(idx)
             probe.index_out, probe.inv_in = idx.name, inv.name
         probes.append(probe)
