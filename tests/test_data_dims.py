@@ -60,3 +60,25 @@ def test_insert_predicts_at_the_calibration_shapes_and_report_recomputes_there(t
     recorded_line = capsys.readouterr().out
     assert main(["report", str(out), "--quiet", "--recompute"]) == 0
     assert capsys.readouterr().out == recorded_line and "INT8 FLOPs" in recorded_line
+
+
+def test_fix_predicts_at_the_inputs_dims_or_the_datas_and_records_it():
+    """`fix` of insert's output: its predictions at the dims the input recorded (not each symbolic
+    dim as 1), and the written model keeps them and the prediction for `report`; with data, at the
+    data's shapes."""
+    import qdqgraph
+    m = motifs.attention_block(seq="s")
+    rng = np.random.default_rng(0)
+    q = qdqgraph.quantize(m, calib={"x": rng.standard_normal((8, 1, SEQ, HIDDEN)).astype(np.float32)},
+                          high_precision="fp32", int8_attention="on").model
+    assert recorded.dims_of(q) == {"b": 1, "s": SEQ}
+    r = qdqgraph.fix(q, exclude_nodes=["^o_proj$"])          # a selection: fix rebuilds
+    assert not r.report.unchanged
+    assert recorded.dims_of(r.model) == {"b": 1, "s": SEQ}
+    kept = recorded.recorded(r.model, "tensorrt")
+    assert kept is not None and kept.report["summary"] == r.report.tensorrt_after
+    flops = sum(x["flops"] for x in kept.report["layers"])
+    assert flops > 4 * sum(x.flops for x in simulate(r.model, dims={}).layers)    # counted at s = SEQ, not 1
+    longer = {"x": rng.standard_normal((4, 1, 2 * SEQ, HIDDEN)).astype(np.float32)}
+    r2 = qdqgraph.fix(q, calib=longer, exclude_nodes=["^o_proj$"])
+    assert recorded.dims_of(r2.model) == {"b": 1, "s": 2 * SEQ}

@@ -109,8 +109,9 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
             report.warnings.append("calibrated on random data: the scales of the tensors it calibrates say nothing "
                                    "about accuracy")
     ruleset = load_ruleset(cfg.rules, cfg.precision)
+    dims = _dims(loaded, data)
     with report.stage("simulate"):
-        report.tensorrt_before, report.lint_before = _predict(loaded.graph, ruleset.region, report)
+        report.tensorrt_before, report.lint_before, _ = _predict(loaded.graph, ruleset.region, report, dims)
     with report.stage("strip"):
         report.add([fact_reader.strip(loaded.graph, facts)])
         stripped = loaded.graph.copy()
@@ -143,8 +144,19 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
     model_out, final = _types(loaded, inserted["provenance"], cfg, high_precision, data if is_real(calib) else None,
                               report)
     with report.stage("simulate"):
-        report.tensorrt_after, report.lint_after = _predict(final.graph, ruleset.region, report)
+        report.tensorrt_after, report.lint_after, found = _predict(final.graph, ruleset.region, report, dims)
+        if found is not None:           # what `report` prints for the written model, kept in it
+            recorded.record(model_out, *found, dims)
     return FixResult(model_out, plan, report, cfg)
+
+
+def _dims(loaded: io.Loaded, data) -> dict[str, int]:
+    """The symbolic dimensions' values the predictions are made at: the calibration data's first
+    sample's shapes where data is given, else those the input's own prediction was made at (its
+    metadata, as insert wrote it), else none (each symbolic dimension counts as 1)."""
+    if data is not None:
+        return io.bound_dims(loaded, {k: v.shape for k, v in data.sample(0).items()})
+    return recorded.dims_of(loaded)
 
 
 def _calibrate(loaded, plan, choice, view, data, cfg, report, progress) -> None:
@@ -185,14 +197,16 @@ def _types(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, high_precis
     return write_model(loaded, provenance, cfg.with_(high_precision=high_precision), data, report)
 
 
-def _predict(graph, region, report: FixReport) -> tuple[dict | None, list[str]]:
-    """The simulator's summary and the linter's findings (as `qdqgraph report` prints them)."""
+def _predict(graph, region, report: FixReport, dims: dict[str, int]) -> tuple[dict | None, list[str], tuple | None]:
+    """The simulator's summary and the linter's findings (as `qdqgraph report` prints them), at
+    `dims`; and (simulation, findings, target) for `recorded.record`, or None where it failed."""
     try:
-        sim = simulate(graph)
-        return dict(sim.summary), [str(d) for d in lint(graph, sim, region=region)]
+        sim = simulate(graph, dims=dims)
+        found = lint(graph, sim, region=region)
+        return dict(sim.summary), [str(d) for d in found], (sim, found, "tensorrt")
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); please report this")
-        return None, []
+        return None, [], None
 
 
 def _dense(model: proto.ModelProto, report: FixReport) -> proto.ModelProto:
