@@ -42,6 +42,7 @@ VARIANTS = {
     "all": ("+ --bias-correction auto --sqnr-floor 25 (fragile heads on)",
             {**OFF, "bias_correction": None, "fragile_heads": True, "sqnr_floor": 25.0}),
     "default": ("the defaults", {}),
+    "default-floor": ("the defaults, --sqnr-floor 25", {"sqnr_floor": 25.0}),
     "no-dw": ("the defaults, --depthwise-check off", {"depthwise_check": False}),
     "lr": ("the defaults, --learned-rounding on (PyTorch on the path)", {"learned_rounding": "on"}),
 }
