@@ -680,7 +680,7 @@ def _measured(cfg: QuantizeConfig, calib, data, loaded: io.Loaded, plan: Plan) -
         return True
     graph = loaded.graph
     return cfg.fragile_heads and len(graph.outputs) > 1 and \
-        fidelity.may_have_heads(graph, plan, fidelity.node_flops(graph))
+        fidelity.may_have_heads(graph, plan, fidelity.node_flops(graph, loaded.dims))
 
 
 def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: CalibrationData, cfg: QuantizeConfig,
@@ -692,16 +692,19 @@ def _fidelity(loaded: io.Loaded, plan: Plan, amax: dict, means, data: Calibratio
     ref = fidelity.reference(loaded, data, max(cfg.sensitivity_samples, FIDELITY_SAMPLES),
                              list(cfg.providers) if cfg.providers else None)
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() for t in members}
-    flops = fidelity.node_flops(loaded.graph)
+    flops = fidelity.node_flops(loaded.graph, loaded.dims)
     total = sum(flops.values())
     start = time.perf_counter()
     extra: list[tuple[str, str]] = []
     ranges: dict = {}               # the float islands' ranges, measured for the first written model
 
-    def written(float_nodes: list) -> tuple[Plan, dict, fidelity.Fidelity]:
+    def written(float_nodes: list, share: list | None = None) -> tuple[Plan, dict, fidelity.Fidelity]:
+        """`share`: gets the written model's INT8 FLOPs share as the simulator predicts it."""
         p = plan_for(loaded, cfg, floated + tuple(float_nodes)) if float_nodes else plan
         a = ranges_from_cache(p, per_tensor)[0] if float_nodes else amax
         model = _written_model(loaded, p, a, means, cfg, data, ranges)
+        if share is not None:
+            share.append(simulate(model, target=cfg.target, dims=loaded.dims).summary["int8_flops_share"])
         try:
             fid = fidelity.fidelity_of(model, ref)
         except (QdqError, RuntimeError):    # a model onnxruntime cannot run here (a kernel it lacks)
@@ -788,7 +791,8 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
     assert cfg.sqnr_floor is not None and fmt is not None, "a floor of INT8 or FP8 runs"
     total = sum(flops.values())
     share = quantized_share(plan, flops)
-    allowed = max(0.0, share - cfg.floor_int8_flops / 100) * total
+    minimum = cfg.floor_int8_flops / 100
+    allowed = max(0.0, share - minimum) * total
     out: dict = {"floor_db": cfg.sqnr_floor, "before_db": _r(current.overall_db), "int8_share_before": round(share, 4),
                  "min_int8_share": cfg.floor_int8_flops / 100, "nodes": [], "kept": False}
     # only the weighted nodes that fit the budget are swept (the others stay as planned): fewer runs
@@ -816,12 +820,22 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
     # is below the floor, the next units of the ranking join, each checked on the written model
     queue = [u for u in fidelity.floor_ranked(sens, flops) if u not in units]
     best, best_units, checks = current, [], 0
+    best_share: float | None = None
     while checks < FLOOR_CHECKS:
         if units:
-            _, _, after = written(extra + [(u, why) for u in units])
+            engine: list[float] = []
+            _, _, after = written(extra + [(u, why) for u in units], engine)
             checks += 1
+            if engine[0] < minimum:    # the engine floats more than the nodes (a neighbour loses its INT8 input):
+                out["stopped"] = (f"{len(units)} nodes float would leave {100 * engine[0]:.1f}% of the FLOPs INT8 "
+                                  f"as TensorRT builds it (at least {cfg.floor_int8_flops:g}% to keep)")
+                units.pop()            # fewer of them, and no more
+                queue = []
+                if units == best_units:
+                    break
+                continue
             if after.overall_db > best.overall_db:
-                best, best_units = after, list(units)
+                best, best_units, best_share = after, list(units), engine[0]
             if after.overall_db >= cfg.sqnr_floor:
                 break
         nxt = next((u for u in queue if spent + flops[u] <= allowed), None)
@@ -831,7 +845,8 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
         units.append(nxt)
         spent += flops[nxt]
     out.update(nodes=best_units, flops_share=round(sum(flops[u] for u in best_units) / total, 6) if total else 0.0,
-               after_db=_r(best.overall_db), kept=bool(best_units), written_checks=checks)
+               after_db=_r(best.overall_db), kept=bool(best_units), written_checks=checks,
+               int8_share_after=None if best_share is None else round(best_share, 4))
     return out, best
 
 

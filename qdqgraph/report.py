@@ -297,11 +297,14 @@ def _fidelity_lines(f: dict | None, q: str) -> list[str]:
             lines.append(f"  --sqnr-floor {fl['floor_db']:g}: {len(fl['nodes'])} node(s) back to float, most dB per "
                          f"FLOP first: {_db(fl['before_db'])} -> {_db(fl['after_db'])}, {_pct(fl['flops_share'])} of "
                          f"FLOPs ({q} share kept >= {100 * fl['min_int8_share']:g}%; sweep {fl['sweep_seconds']:.1f} s)")
+            if fl.get("stopped"):
+                lines.append(f"    not more: {fl['stopped']}")
         else:
             lines.append(f"  --sqnr-floor {fl['floor_db']:g}: {_db(fl['before_db'])} is below it, and "
                          + (fl["why"] if fl.get("why") else
                             f"no node within the FLOPs budget ({q} share kept >= {100 * fl['min_int8_share']:g}%) "
-                            f"raised it (sweep {fl['sweep_seconds']:.1f} s)"))
+                            f"raised it (sweep {fl['sweep_seconds']:.1f} s)")
+                         + (f"; {fl['stopped']}" if fl.get("stopped") else ""))
     return lines
 
 

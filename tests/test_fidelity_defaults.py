@@ -222,3 +222,32 @@ def test_cli_flags_reach_the_same_config_and_the_summary(tmp_path, capsys):
     assert main(["insert", str(mp), "--calib", str(dp), "-o", str(out), "--force", "--sqnr-floor", "loud"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) <= 2 and "--sqnr-floor" in err[0]
+
+
+def test_the_floor_keeps_the_int8_share_as_the_engine_counts_it(monkeypatch):
+    """The budget holds for the engine, not only for the nodes the floor floats: each written model
+    it checks is simulated, and a choice whose engine share falls under the minimum (a neighbour
+    losing its INT8 input floats more) is cut back, or not kept, and said so."""
+    import qdqgraph.pipeline as pipeline
+    m, data = dw_separable(trunk=4), data_for()
+    floor = qdqgraph.quantize(m, data, **{**OFF, "sqnr_floor": 25.0})
+    fl = floor.report.fidelity["floor"]
+    assert fl["kept"] and fl["int8_share_after"] >= 0.9
+    assert fl["int8_share_after"] == round(floor.report.tensorrt["int8_flops_share"], 4)
+
+    real = pipeline.simulate
+
+    class Fewer:                      # the real prediction, its INT8 share under any budget
+        def __init__(self, sim):
+            self.sim = sim
+
+        def __getattr__(self, name):
+            return getattr(self.sim, name)
+
+        @property
+        def summary(self):
+            return {**self.sim.summary, "int8_flops_share": 0.5}
+    monkeypatch.setattr(pipeline, "simulate", lambda *a, **k: Fewer(real(*a, **k)))
+    cut = qdqgraph.quantize(m, data, **{**OFF, "sqnr_floor": 25.0}).report.fidelity["floor"]
+    assert not cut["kept"] and cut["nodes"] == [] and "as TensorRT builds it" in cut["stopped"]
+    assert "as TensorRT builds it" in qdqgraph.quantize(m, data, **{**OFF, "sqnr_floor": 25.0}).report.summary()

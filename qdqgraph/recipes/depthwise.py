@@ -130,7 +130,7 @@ def decide(loaded: io.Loaded, plan: Plan, amax: dict[str, float], data: Calibrat
         return (), info
     per_tensor = {t: amax[rep] for rep, members in plan.groups().items() if rep in amax for t in members}
     local = local_sqnr(loaded, [x for x in layers if x.tensor in per_tensor], per_tensor, data, fmt)
-    flops = node_flops(loaded.graph)
+    flops = node_flops(loaded.graph, loaded.dims)
     total = sum(flops.values()) or 1.0
     chosen = _chosen(local, flops, total)
     info["lowest"] = {n: round(db, 2) for n, db in sorted(local.items(), key=lambda kv: kv[1])[:5]}

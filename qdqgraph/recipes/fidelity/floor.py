@@ -12,9 +12,10 @@ from ...trtsim.flops import node_flops as _flops
 from ...trtsim.ir import SimGraph
 
 
-def node_flops(graph: gs.Graph) -> dict[str, float]:
-    """FLOPs of every weighted node of a float graph (multiply-adds count 2), by node name."""
-    g = SimGraph.from_gs(graph)
+def node_flops(graph: gs.Graph, dims: dict[str, int] | None = None) -> dict[str, float]:
+    """FLOPs of every weighted node of a float graph (multiply-adds count 2), by node name; `dims`:
+    the symbolic dimensions' values to count at (io.bound_dims), else each counts as 1."""
+    g = SimGraph.from_gs(graph).bind(dims)
     return {name: f for name, n in g.nodes.items() if (f := _flops(g, n))}
 
 
