@@ -819,7 +819,8 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
     # the sweep's estimate misses what planning again does (P14, fusions): while the written model
     # is below the floor, the next units of the ranking join, each checked on the written model
     queue = [u for u in fidelity.floor_ranked(sens, flops) if u not in units]
-    best, best_units, checks = current, [], 0
+    best, checks = current, 0
+    best_units: list[str] = []
     best_share: float | None = None
     while checks < FLOOR_CHECKS:
         if units:

@@ -146,7 +146,7 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
     with report.stage("simulate"):
         report.tensorrt_after, report.lint_after, found = _predict(final.graph, ruleset.region, report, dims)
         if found is not None:           # what `report` prints for the written model, kept in it
-            recorded.record(model_out, *found, dims)
+            recorded.record(model_out, found[0], found[1], "tensorrt", dims)
     return FixResult(model_out, plan, report, cfg)
 
 
@@ -199,11 +199,11 @@ def _types(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, high_precis
 
 def _predict(graph, region, report: FixReport, dims: dict[str, int]) -> tuple[dict | None, list[str], tuple | None]:
     """The simulator's summary and the linter's findings (as `qdqgraph report` prints them), at
-    `dims`; and (simulation, findings, target) for `recorded.record`, or None where it failed."""
+    `dims`; and (simulation, findings) for `recorded.record`, or None where it failed."""
     try:
         sim = simulate(graph, dims=dims)
         found = lint(graph, sim, region=region)
-        return dict(sim.summary), [str(d) for d in found], (sim, found, "tensorrt")
+        return dict(sim.summary), [str(d) for d in found], (sim, found)
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); please report this")
         return None, [], None
