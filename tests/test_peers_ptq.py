@@ -54,3 +54,40 @@ def test_unknown_tool_is_one_line_exit_2():
     p = subprocess.run([sys.executable, str(SCRIPT), "--tools", "nosuch"], capture_output=True, text=True)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "nosuch" in p.stderr
+
+
+def test_unknown_set_is_one_line_exit_2():
+    p = subprocess.run([sys.executable, str(SCRIPT), "--set", "zoo,nosuch"], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and "nosuch" in p.stderr
+
+
+def test_a_model_is_looked_up_in_the_chosen_sets_only(tmp_path):
+    for root, name in ((tmp_path / "zoo", "cnn"), (tmp_path / "tfm", "bert")):
+        for sub, ext in (("models", "onnx"), ("data", "npz")):
+            (root / sub).mkdir(parents=True)
+            (root / sub / f"{name}.{ext}").write_bytes(b"")
+    base = [sys.executable, str(SCRIPT), "--zoo", str(tmp_path / "zoo"), "--tfm", str(tmp_path / "tfm"),
+            "--out", str(tmp_path / "out"), "--tools", "qdqgraph"]
+    p = subprocess.run([*base, "--set", "tfm", "--only", "cnn"], capture_output=True, text=True)
+    assert p.returncode == 2 and "cnn" in p.stderr and str(tmp_path / "tfm") in p.stderr
+    a = type("A", (), {"roots": {"cnn": tmp_path / "zoo", "bert": tmp_path / "tfm"}})
+    model, calib, data = _module().files("bert", a)
+    assert (model, calib, data) == (tmp_path / "tfm" / "models" / "bert.onnx", tmp_path / "tfm" / "calib" / "bert.npz",
+                                    tmp_path / "tfm" / "data" / "bert.npz")
+
+
+def test_table_shows_the_transformer_evaluators_metric(tmp_path):
+    row = {"model": "vit_s_focus", "tool": "qdqgraph", "quantize": {"ok": True, "seconds": 3.0},
+           "holdout": {"outputs": {"y": {"sqnr_db": 30.0, "cosine": 0.999}}}, "int8_flops_share": 0.5,
+           "trt_rtx": {"ok": True}}
+    task = {"tool": "qdqgraph", "task_metrics": {"vit_s_focus": {
+        "float_task": {"mean_iou": 0.8, "iou>=0.5": 0.9}, "other_task": {"mean_iou": 0.75, "iou>=0.5": 0.85},
+        "agreement": {"mask_iou_float_vs_other": 0.93}}}}
+    f = tmp_path / "rows.jsonl"
+    f.write_text(json.dumps(row) + "\n" + json.dumps(task) + "\n")
+    out = subprocess.run([sys.executable, str(SCRIPT), "--table", str(f)], capture_output=True, text=True,
+                         check=True).stdout
+    body = [x for x in out.splitlines() if x.startswith("| vit_s_focus |")]
+    assert len(body) == 1
+    assert "mean_iou (0.800)" in body[0] and "0.750 (0.930)" in body[0] and "50.0%" in body[0]
