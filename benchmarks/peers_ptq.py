@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""qdqgraph's defaults beside the INT8 post-training recipes of AIMET-ONNX and AMD Quark, in one run
-on the model zoo, each output scored the same way (issue 31).
+"""qdqgraph's defaults beside the INT8 post-training recipes of AIMET-ONNX, AMD Quark and NVIDIA Model
+Optimizer, in one run on the model zoo and the transformer set, each output scored the same way (issue 31).
 
-    python benchmarks/peers_ptq.py [--only a,b] [--tools qdqgraph,aimet-cle,...] [--out DIR]
+    python benchmarks/peers_ptq.py [--set zoo,tfm] [--only a,b] [--tools qdqgraph,aimet-cle,...] [--out DIR]
         [--peer-python /tmp/peers-venv/bin/python] [--zoo-scripts /work/shared/zoo]
         [--samples 16] [--holdout 16] [--ada-iters 200] [--jsonl rows.jsonl] [--timeout 1200]
     python benchmarks/peers_ptq.py --table rows.jsonl [...]      # the tables of saved rows
@@ -12,9 +12,14 @@ The peers live in a venv of their own (never the project's):
     python3 -m venv /tmp/peers-venv
     /tmp/peers-venv/bin/pip install aimet-onnx==2.42.0 amd-quark==0.13 onnxruntime numpy
 
+--set picks the models: `zoo` (default), the zoo's models with a data file (--zoo), and `tfm`, the
+transformer set (--tfm, benchmarks/transformers/setup.sh: Whisper tiny.en encoder and decoder, ViT-S,
+DistilBERT). Both keep MODEL.onnx under models/, its calibration file under calib/ and the full
+data file under data/.
+
 Every tool runs in a child process (qdqgraph: its CLI, `qdqgraph insert MODEL --calib CALIB -o OUT`,
 defaults; a peer: this file with --child in the peers' python), timed in wall seconds, on the
-model's calibration file (the even-indexed samples of the zoo's data; --samples at most for the
+model's calibration file (the even-indexed samples of the data file; --samples at most for the
 peers, which keep every sample's activations in memory). Each peer is set up as a TensorRT user
 would: INT8 weights and activations, symmetric (zero point 0), weights per output channel, biases
 left float (TensorRT takes no INT32 bias), and the tool's own accuracy recipe:
@@ -36,13 +41,16 @@ left float (TensorRT takes no INT32 bias), and the tool's own accuracy recipe:
 
 Each written model is then measured in the project's python, the same way for every tool:
   * output SQNR and cosine to the float model on --holdout samples no tool saw (odd-indexed samples of
-    the zoo's data file), run in onnxruntime with the rewrites TensorRT does not make turned off
+    the data file), run in onnxruntime with the rewrites TensorRT does not make turned off
     (qdqgraph.execution.evaluate.compare): per output; the table shows the lowest output;
   * the INT8 share of FLOPs as qdqgraph's TensorRT simulator predicts it (qdqgraph.trtsim.simulate);
   * whether TensorRT for RTX parses and builds it (no GPU needed; one optimization profile from the
     calibration shapes), with the first error line when not;
-  * the task metric of the zoo's evaluator (eval_models.py --compare, through benchmarks/eval_safe.py
-    with the same rewrites off), over all samples of the data file (it cannot score a subset).
+  * the task metric of the set's evaluator, through benchmarks/eval_safe.py with the same rewrites off,
+    over all samples of the data file (neither can score a subset): the zoo's eval_models.py --compare;
+    for the transformer set benchmarks/transformers/evaluate.py --compare in the set's venv (the
+    Whisper encoder scored with the float decoder and the decoder with the float encoder's states; the
+    pair, both of one tool, stays in the saved task line as whisper_tiny_en_pipeline).
 
 One JSON line per (model, tool) goes to --jsonl; the task metrics follow as one line per tool.
 """
@@ -62,6 +70,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 ZOO = Path(os.environ.get("QDQGRAPH_ZOO", "/tmp/qdqgraph-zoo"))
+TFM = Path(os.environ.get("QDQGRAPH_TRANSFORMERS", "/tmp/qdqgraph-tfm"))
+SETS = ("zoo", "tfm")
 PEERS = ("aimet-cle", "aimet-adaround", "aimet-seqmse", "quark-cle", "quark-adaround", "quark-adaquant",
          "quark-cle-gemm")
 GEMMS = ["Conv", "ConvTranspose", "Gemm", "MatMul"]
@@ -250,7 +260,7 @@ def quantize(tool: str, model: Path, calib: Path, out: Path, a) -> dict:
 # ----------------------------------------------------------------------------- measure (parent)
 
 def held_out(model: Path, npz: Path, samples: int):
-    """The model's held-out samples: odd-indexed samples of the zoo's data file (as fidelity_defaults)."""
+    """The model's held-out samples: odd-indexed samples of the data file (as fidelity_defaults)."""
     sys.path.insert(0, str(HERE))
     from fidelity_defaults import data_of
     return data_of(model, npz, samples, odd=True)[1]
@@ -262,20 +272,27 @@ def fidelity(model: Path, out: Path, data) -> dict:
     try:
         c = compare(str(model), str(out), data=data, tensors=False)
     except QdqError as e:
-        if "ONNX checker" not in e.problem:
+        if "ONNX checker" in e.problem:
+            return fidelity_plain(model, out, data) | {"loader": one_line(e.problem)}
+        if "cannot run the model for comparison" not in e.problem:
             raise
-        return fidelity_plain(model, out, data) | {"loader": one_line(e.problem)}
+        # onnxruntime's exact INT8 path refuses some peer files ("Attempt to replace the existing
+        # tensor"); without graph rewrites the Q/DQ run as written, the arithmetic TensorRT does
+        return fidelity_plain(model, out, data, unfused=True) | {"runner": one_line(e.problem)[:160]}
     return {"samples": c.samples,
             "outputs": {a.name: {"sqnr_db": round(a.sqnr_db, 2), "cosine": round(a.cosine, 6)} for a in c.outputs}}
 
 
-def fidelity_plain(model: Path, out: Path, data) -> dict:
+def fidelity_plain(model: Path, out: Path, data, unfused: bool = False) -> dict:
     """`fidelity` for a file qdqgraph's loader refuses (the ONNX checker): both models in plain
-    onnxruntime sessions with the same rewrites off."""
+    onnxruntime sessions with the same rewrites off; `unfused`: no graph rewrite at all (every
+    Q/DQ computed as written, in float), for a file onnxruntime's fused INT8 kernels refuse."""
     import onnxruntime as ort
     from qdqgraph.execution.runtime import DISABLED_OPTIMIZERS
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if unfused:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     f, q = (ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"],
                                  disabled_optimizers=DISABLED_OPTIMIZERS) for p in (model, out))
     names = [o.name for o in f.get_outputs()]
@@ -329,9 +346,14 @@ def trt_rtx(out: Path, model: Path, calib: Path) -> dict:
     return row | {"ok": True, "seconds": round(res.seconds, 2), "warnings": len(res.warnings)}
 
 
+def files(name: str, a) -> tuple[Path, Path, Path]:
+    """The model, its calibration file and its full data file, in the folder of the model's set."""
+    root = a.roots[name]
+    return root / "models" / f"{name}.onnx", root / "calib" / f"{name}.npz", root / "data" / f"{name}.npz"
+
+
 def measure(name: str, tool: str, out: Path, a) -> dict:
-    model, calib, data = (a.zoo / "models" / f"{name}.onnx", a.zoo / "calib" / f"{name}.npz",
-                          a.zoo / "data" / f"{name}.npz")
+    model, calib, data = files(name, a)
     row: dict = {}
     steps = (("holdout", lambda: fidelity(model, out, held_out(model, data, a.holdout))),
              ("int8_flops_share", lambda: int8_share(out)),
@@ -345,7 +367,7 @@ def measure(name: str, tool: str, out: Path, a) -> dict:
 
 
 def task_metrics(tool: str, names: list[str], a) -> dict:
-    """eval_models.py --compare on the tool's folder, onnxruntime's unsafe rewrites off."""
+    """The set's evaluator with --compare on the tool's folder, onnxruntime's unsafe rewrites off."""
     sys.path.insert(0, str(HERE))
     import zoo_accuracy
     from qdqgraph.execution.runtime import DISABLED_OPTIMIZERS
@@ -354,8 +376,32 @@ def task_metrics(tool: str, names: list[str], a) -> dict:
     zoo_accuracy.SAFE_ORT = True
     folder = a.out / tool
     (folder / "logs").mkdir(parents=True, exist_ok=True)
-    return zoo_accuracy.eval_models(str(a.zoo / "venv" / "bin" / "python"), a.zoo_scripts, a.zoo, names,
-                                    folder / "eval.json", folder / "logs" / "eval.log", compare=folder)
+    zoo = [n for n in names if a.roots[n] == a.zoo]
+    tfm = [n for n in names if a.roots[n] == a.tfm]
+    res = {}
+    if zoo:
+        res.update(zoo_accuracy.eval_models(str(a.zoo / "venv" / "bin" / "python"), a.zoo_scripts, a.zoo, zoo,
+                                            folder / "eval.json", folder / "logs" / "eval.log", compare=folder))
+    if tfm:
+        res.update(tfm_metrics(folder, tfm, a))
+    return res
+
+
+def tfm_metrics(folder: Path, names: list[str], a) -> dict:
+    """benchmarks/transformers/evaluate.py --compare FOLDER in the transformer set's venv."""
+    out, logf = folder / "eval-tfm.json", folder / "logs" / "eval-tfm.log"
+    cmd = [str(a.tfm / "venv" / "bin" / "python"), str(HERE / "eval_safe.py"), str(HERE / "transformers" / "evaluate.py"),
+           str(a.tfm / "models"), str(a.tfm / "data"), "--compare", str(folder), "--only", ",".join(names),
+           "--json", str(out)]
+    out.unlink(missing_ok=True)
+    with logf.open("w") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, check=False)
+    if p.returncode == 0 and out.exists():
+        return json.loads(out.read_text())
+    why = f"evaluate.py exit {p.returncode}: {one_line(logf.read_text())}"
+    return {n: {"eval_error": why} for n in names}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -369,6 +415,7 @@ def _lowest(row: dict) -> str:
         return "-"
     worst = min(outs.values(), key=lambda o: o["sqnr_db"])
     more = f" (min of {len(outs)})" if len(outs) > 1 else ""
+    more += " (Q/DQ unfused: onnxruntime's INT8 kernels refuse the file)" if h.get("runner") else ""
     return f"{worst['sqnr_db']:.1f} / {worst['cosine']:.5f}{more}"
 
 
@@ -416,14 +463,22 @@ def table(rows: list[dict], tasks: dict) -> str:
     return "\n".join(lines)
 
 
+def saved_quantize(jsonl: Path) -> dict:
+    """{(model, tool): the quantize record of its last row} in `jsonl` (rows that wrote a model)."""
+    rows = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()] if jsonl.exists() else []
+    return {(r["model"], r["tool"]): r["quantize"] for r in rows if "model" in r and (r.get("quantize") or {}).get("ok")}
+
+
 # ----------------------------------------------------------------------------- main
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", nargs=4, metavar=("TOOL", "MODEL", "CALIB", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--set", default="zoo", help=f"comma list of model sets: {', '.join(SETS)} (default zoo)")
     ap.add_argument("--zoo", type=Path, default=ZOO)
+    ap.add_argument("--tfm", type=Path, default=TFM, help="the transformer set's folder")
     ap.add_argument("--zoo-scripts", type=Path, default=Path(os.environ.get("QDQGRAPH_SHARED", "/work/shared")) / "zoo")
-    ap.add_argument("--only", default="", help="comma-separated zoo models (default: all with a data file)")
+    ap.add_argument("--only", default="", help="comma-separated models of the sets (default: all with a data file)")
     ap.add_argument("--tools", default=",".join(TOOLS), help=f"comma list of {', '.join(TOOLS)}")
     ap.add_argument("--peer-python", default="/tmp/peers-venv/bin/python")
     ap.add_argument("--modelopt-python", default="/tmp/mo-venv/bin/python")
@@ -435,6 +490,9 @@ def main() -> int:
     ap.add_argument("--no-task", action="store_true", help="skip the zoo evaluator's task metrics")
     ap.add_argument("--task-only", action="store_true",
                     help="only the task metrics of the models already in OUT/TOOL (appended to --jsonl)")
+    ap.add_argument("--remeasure", action="store_true",
+                    help="measure again the models already in OUT/TOOL, keeping their last quantize record in "
+                         "--jsonl (appended there as new rows)")
     ap.add_argument("--jsonl", type=Path, default=None, help="append rows here (default OUT/rows.jsonl)")
     ap.add_argument("--table", type=Path, nargs="+", metavar="JSONL", help="only print the tables of saved rows")
     a, rest = ap.parse_known_args()
@@ -456,19 +514,31 @@ def main() -> int:
     if bad:
         print(f"peers_ptq.py: unknown tool(s) {', '.join(bad)}; one of {', '.join(TOOLS)}", file=sys.stderr)
         return 2
-    names = [n for n in a.only.split(",") if n] or sorted(p.stem for p in (a.zoo / "data").glob("*.npz"))
-    missing = [n for n in names if not (a.zoo / "models" / f"{n}.onnx").exists()]
+    sets = [s for s in a.set.split(",") if s]
+    if not sets or any(s not in SETS for s in sets):
+        print(f"peers_ptq.py: unknown --set {a.set!r}; give a comma list of {', '.join(SETS)}", file=sys.stderr)
+        return 2
+    a.roots = {p.stem: root for root in (a.zoo if s == "zoo" else a.tfm for s in sets)
+               for p in sorted((root / "data").glob("*.npz"))}
+    names = [n for n in a.only.split(",") if n] or list(a.roots)
+    missing = [n for n in names if n not in a.roots or not files(n, a)[0].exists()]
     if missing:
-        print(f"peers_ptq.py: no zoo model {', '.join(missing)} in {a.zoo / 'models'}", file=sys.stderr)
+        where = " or ".join(str(a.zoo if s == "zoo" else a.tfm) for s in sets)
+        print(f"peers_ptq.py: no model {', '.join(missing)} with a data file in {where}; check --set and --only",
+              file=sys.stderr)
         return 2
     jsonl = a.jsonl or a.out / "rows.jsonl"
     a.out.mkdir(parents=True, exist_ok=True)
     rows, tasks = [], {}
+    before = saved_quantize(jsonl) if a.remeasure else {}
     for tool in tools:
         done = []
         for n in names if not a.task_only else []:
             out = a.out / tool / f"{n}.onnx"
-            q = quantize(tool, a.zoo / "models" / f"{n}.onnx", a.zoo / "calib" / f"{n}.npz", out, a)
+            model, calib, _ = files(n, a)
+            if a.remeasure and (not out.exists() or (n, tool) not in before):
+                continue
+            q = before[n, tool] if a.remeasure else quantize(tool, model, calib, out, a)
             row = {"model": n, "tool": tool, "quantize": q}
             if q.get("ok"):
                 row.update(measure(n, tool, out, a))
@@ -480,7 +550,7 @@ def main() -> int:
                 f"held-out {_lowest(row)}; int8 {row.get('int8_flops_share')}; rtx {row.get('trt_rtx')}")
         if a.task_only:
             done = [n for n in names if (a.out / tool / f"{n}.onnx").exists()]
-        if done and not a.no_task:
+        if done and not a.no_task and not a.remeasure:
             tasks[tool] = task_metrics(tool, done, a)
             with jsonl.open("a") as f:
                 f.write(json.dumps({"tool": tool, "task_metrics": tasks[tool]}) + "\n")
