@@ -97,3 +97,37 @@ def test_the_speed_lines_stripped_copy_names_no_tensor_twice(tmp_path, capfd):
                  str(tmp_path / "o.onnx")]) == 0
     out, err = capfd.readouterr()
     assert "share the same name" not in out + err and "speed:" in out
+
+
+def test_a_session_its_fusions_break_is_made_again_with_the_qdq_as_written(monkeypatch):
+    """A Q/DQ file onnxruntime fails to open at its higher optimization levels (another tool's
+    output under the exact INT8 setting: "Attempt to replace the existing tensor") is opened at the
+    basic level, which computes the Q/DQ as written; where that fails too, the first failure is
+    what the user reads (a failure of another kind is not retried: tests/test_ort_versions.py)."""
+    from qdqgraph.errors import QdqError
+    from qdqgraph.execution import runtime
+    m = small_scale_conv()
+    real = ort.InferenceSession
+    levels = []
+
+    def fussy(source, opts, **kw):
+        levels.append(opts.graph_optimization_level)
+        if opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_ENABLE_BASIC:
+            raise RuntimeError("Attempt to replace the existing tensor")
+        return real(source, opts, **kw)
+    monkeypatch.setattr(runtime.ort, "InferenceSession", fussy)
+    sess = runtime.session(m)
+    assert levels == [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC]
+    x = np.ones((1, 8, 8, 8), np.float32)
+    assert sess.run(None, {"x": x})[0].shape == (1, 8, 8, 8)
+
+    def broken(source, opts, **kw):
+        levels.append(opts.graph_optimization_level)
+        raise RuntimeError("Attempt to replace the existing tensor (first)"
+                           if opts.graph_optimization_level != ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+                           else "second failure")
+    monkeypatch.setattr(runtime.ort, "InferenceSession", broken)
+    levels.clear()
+    with pytest.raises(QdqError, match=r"existing tensor \(first\)"):
+        runtime.session(m)
+    assert len(levels) == 2

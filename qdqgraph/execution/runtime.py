@@ -257,19 +257,37 @@ def _exact_int8(opts) -> None:
         opts.add_session_config_entry(*EXACT_INT8)
 
 
+# onnxruntime 1.32 on a CPU without VNNI, under EXACT_INT8, fails to open some Q/DQ files of other
+# tools (AMD Quark's CLE output of transformers) in its integer fusion: "Attempt to
+# replace the existing tensor". At the basic level, without that fusion, they open and compute
+# the Q/DQ as written.
+FUSION_FAILURES = (FP8_REFUSED, "Attempt to replace the existing tensor")
+
+
 def _inference_session(source, opts, providers: list[str]):
     """onnxruntime.InferenceSession with qdqgraph's disabled rewrites and its exact INT8 kernels
-    (EXACT_INT8), at the basic optimization level where this onnxruntime refuses an FP8 graph at a
-    higher one (FP8_REFUSED)."""
+    (EXACT_INT8); where that fails at a higher optimization level than the basic one with one of
+    FUSION_FAILURES, made again at the basic level, which computes the Q/DQ as written. Where the
+    basic level fails too, the first failure is raised; any other failure is raised at once."""
     _exact_int8(opts)
+    level = ort.GraphOptimizationLevel
+    retry = opts.graph_optimization_level not in (level.ORT_ENABLE_BASIC, level.ORT_DISABLE_ALL)
+    severity = opts.log_severity_level
+    if retry and severity >= 3:
+        opts.log_severity_level = 4      # errors only: a failure is raised, not also logged (it may be retried)
     try:
         return ort.InferenceSession(source, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
     except Exception as e:
-        level = ort.GraphOptimizationLevel
-        if FP8_REFUSED not in str(e) or opts.graph_optimization_level in (level.ORT_ENABLE_BASIC, level.ORT_DISABLE_ALL):
+        if not retry or not any(known in str(e) for known in FUSION_FAILURES):
             raise
+        first = e
+    finally:
+        opts.log_severity_level = severity
     opts.graph_optimization_level = level.ORT_ENABLE_BASIC
-    return ort.InferenceSession(source, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+    try:
+        return ort.InferenceSession(source, opts, providers=providers, disabled_optimizers=DISABLED_OPTIMIZERS)
+    except Exception:
+        raise first from None
 
 
 # onnxruntime's CPU provider runs convolutions in a blocked channel layout (NCHWc: channels in
