@@ -40,7 +40,7 @@ from .recipes.int4_weights import int4_targets, quantize_int4_weights
 from .passes.smooth import channel_ranges, smooth, targets
 from .placement.plan import Plan
 from .recipes.small_regions import NO_INT8
-from .prepare import check_plan, clean, is_real, load_model, plan_for, prepare, read_data
+from .prepare import check_plan, clean, data_dims, is_real, load_model, plan_for, prepare, read_data
 from .execution.profile import step
 from .report import InsertReport
 from .writing import write_model
@@ -220,7 +220,7 @@ def _start(model, calib, config, calib_cache, progress, options) -> _Run:
         # and its held-out SQNR falls from 32.9 to 18.0 dB (docs/ACCURACY.md)
         if data is not None and data.count:
             with step("dims"):
-                loaded.dims = io.bound_dims(loaded, {k: v.shape for k, v in data.sample(0).items()})
+                loaded.dims = data_dims(loaded, data)
     run = _Run(cfg, calib, calib_cache, progress, report, loaded, data)
     _steps(run, BEFORE_PLAN)
     return run
@@ -794,7 +794,7 @@ def _floor(loaded: io.Loaded, plan: Plan, per_tensor: dict, means, data: Calibra
     minimum = cfg.floor_int8_flops / 100
     allowed = max(0.0, share - minimum) * total
     out: dict = {"floor_db": cfg.sqnr_floor, "before_db": _r(current.overall_db), "int8_share_before": round(share, 4),
-                 "min_int8_share": cfg.floor_int8_flops / 100, "nodes": [], "kept": False}
+                 "min_int8_share": minimum, "nodes": [], "kept": False}
     # only the weighted nodes that fit the budget are swept (the others stay as planned): fewer runs
     candidates = {n for n, f in flops.items() if f <= allowed and (d := plan.decisions.get(n)) is not None
                   and d.quantized}

@@ -129,6 +129,14 @@ def prepare(model, config: QuantizeConfig | None = None, warnings_to: list[str] 
     return loaded, plan
 
 
+def data_dims(loaded: io.Loaded, data: CalibrationData | None) -> dict[str, int]:
+    """The symbolic dimensions' values at the first calibration sample's shapes (io.bound_dims):
+    where the model is calibrated, and predicted; {} without data."""
+    if data is None or not data.count:
+        return {}
+    return io.bound_dims(loaded, {k: v.shape for k, v in data.sample(0).items()})
+
+
 def read_data(loaded: io.Loaded, calib, config: QuantizeConfig) -> CalibrationData:
     """The calibration data, read once and checked against the model's inputs: a .npz/.npy path, a
     folder of them (streamed a file at a time), a folder of images (with config.preprocess), a dict

@@ -31,7 +31,7 @@ from ..execution.memory import fewer_collections
 from ..writing import write_model
 from ..placement import load_ruleset
 from ..placement.plan import Plan
-from ..prepare import is_real, read_data
+from ..prepare import data_dims, is_real, read_data
 from ..execution.runtime import register_custom_ops
 from ..trtsim import lint, recorded, simulate
 from ..graph.view import GraphView
@@ -154,9 +154,7 @@ def _dims(loaded: io.Loaded, data) -> dict[str, int]:
     """The symbolic dimensions' values the predictions are made at: the calibration data's first
     sample's shapes where data is given, else those the input's own prediction was made at (its
     metadata, as insert wrote it), else none (each symbolic dimension counts as 1)."""
-    if data is not None:
-        return io.bound_dims(loaded, {k: v.shape for k, v in data.sample(0).items()})
-    return recorded.dims_of(loaded)
+    return data_dims(loaded, data) if data is not None else recorded.dims_of(loaded)
 
 
 def _calibrate(loaded, plan, choice, view, data, cfg, report, progress) -> None:
