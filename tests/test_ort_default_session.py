@@ -131,3 +131,20 @@ def test_a_session_its_fusions_break_is_made_again_with_the_qdq_as_written(monke
     with pytest.raises(QdqError, match=r"existing tensor \(first\)"):
         runtime.session(m)
     assert len(levels) == 2
+
+
+def test_a_model_onnxruntime_cannot_open_gets_a_hint_for_what_it_was_opened_for():
+    """--calib-cache stands in for the calibration run only: `compare` or the accuracy check of a
+    model onnxruntime refuses does not send the user to it."""
+    from qdqgraph.errors import QdqError
+    from qdqgraph.execution import runtime
+    g = helper.make_graph([helper.make_node("NoSuchOp", ["x"], ["y"], name="n")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(QdqError) as comparing:
+        runtime.session(m, purpose="comparison")
+    assert "for comparison" in str(comparing.value) and "--calib-cache" not in str(comparing.value)
+    with pytest.raises(QdqError) as calibrating:
+        runtime.session(m, purpose="calibration")
+    assert "--calib-cache" in str(calibrating.value)

@@ -166,8 +166,9 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         custom = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node
                          if n.domain not in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")})
-        fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + ", or --calib-cache FILE"
-               if custom else "check that the model runs in onnxruntime, or pass --calib-cache")
+        cache = purpose == "calibration"     # a calibration cache stands in for that run alone
+        fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + (", or --calib-cache FILE" if cache else "")
+               if custom else "check that the model runs in onnxruntime" + (", or pass --calib-cache" if cache else ""))
         raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
 
 
