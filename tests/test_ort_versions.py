@@ -10,7 +10,8 @@ import pytest
 
 import motifs
 import qdqgraph
-from qdqgraph.execution import runtime
+from qdqgraph.execution import dequantized, runtime
+from qdqgraph.graph import io, proto
 from qdqgraph.errors import QdqError
 
 LEVEL = ort.GraphOptimizationLevel
@@ -68,3 +69,70 @@ def test_fp8_transformer_quantizes_with_sensitivity_on_this_onnxruntime():
                           max_float_layers=1)
     assert r.report.fallback is not None and r.report.fallback["samples"] > 0
     print(f"onnxruntime {ort.__version__}: all-FP8 output SQNR {r.report.fallback['all_int8_db']:.1f} dB")
+
+
+HIDDEN = 256     # GEMMs large enough that a prepacked weight adds in another order than a computed one
+
+
+def _written(**kw):
+    """A written model (INT8 weights of 64 KB, FP16 islands) and its float model."""
+    m = motifs.attention_block(seq=8, hidden=HIDDEN, heads=2)
+    return qdqgraph.quantize(m, motifs.sample_data(m), **kw).model, m
+
+
+def _as_written(model, level, widen=False):
+    """The outputs of `model` in a session qdqgraph configures but does not fold (what it computed
+    before its sessions dequantized weights once)."""
+    opts = runtime._options()
+    opts.graph_optimization_level = level
+    runtime._exact_int8(opts)
+    if widen:
+        model = proto.copy_model(model)
+        io.widen_fp16(model, {})
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=runtime.DISABLED_OPTIMIZERS)
+
+
+@pytest.mark.parametrize("level,widen", [(LEVEL.ORT_ENABLE_ALL, False), (LEVEL.ORT_ENABLE_BASIC, False),
+                                         (LEVEL.ORT_DISABLE_ALL, True)])
+def test_weights_dequantized_once_compute_what_the_model_as_written_does(level, widen, monkeypatch):
+    monkeypatch.setattr(runtime, "LARGE_GRAPH_NODES", 0 if widen else 10 ** 9)    # FP16 computed in float32 or not
+    model, float_model = _written()
+    light, weights = io.split_weights(model)
+    folded, _, count = dequantized.fold(light, weights, float32=level != LEVEL.ORT_ENABLE_ALL or widen)
+    weight_dqs = sum(n.op_type == "DequantizeLinear" and n.input[0] in {t.name for t in model.graph.initializer}
+                     for n in model.graph.node)
+    assert count == weight_dqs > 0                  # every weight of the block is large enough
+    assert sum(n.op_type == "DequantizeLinear" for n in folded.graph.node) == \
+        sum(n.op_type == "DequantizeLinear" for n in model.graph.node) - count
+    opts = runtime._options()
+    opts.graph_optimization_level = level
+    sess = runtime.session(model, purpose="comparison", opts=opts, widen=widen)
+    plain = _as_written(model, level, widen)
+    data = motifs.sample_data(float_model, n=4)
+    for i in range(4):
+        feed = {k: v[i] for k, v in data.items()}
+        for got, want in zip(sess.run(None, feed), plain.run(None, feed)):
+            assert np.array_equal(got, want)
+
+
+def test_float32_weights_are_left_where_onnxruntime_may_fuse_them():
+    model, _ = _written(high_precision="fp32")
+    light, weights = io.split_weights(model)
+    assert dequantized.fold(light, weights, float32=False)[2] == 0
+    assert dequantized.fold(light, weights, float32=True)[2] > 0
+
+
+def test_small_weights_and_the_byte_budget_bound_the_folding(monkeypatch):
+    model, _ = _written()
+    light, weights = io.split_weights(model)
+    every = dequantized.fold(light, weights, float32=True)[2]
+    assert dequantized.fold(light, weights, float32=True, max_bytes=HIDDEN * HIDDEN * 2)[2] == 1
+    held = sum(a.nbytes for a in weights.values())        # a session's weights already past the bound
+    monkeypatch.setattr(dequantized, "FOLD_SESSION_MAX_BYTES", held + HIDDEN * HIDDEN * 2)
+    assert dequantized.fold(light, weights, float32=True)[2] == 1
+    monkeypatch.setattr(dequantized, "FOLD_SESSION_MAX_BYTES", held)
+    assert dequantized.fold(light, weights, float32=True)[2] == 0
+    monkeypatch.setattr(dequantized, "FOLD_SESSION_MAX_BYTES", 1 << 30)
+    monkeypatch.setattr(dequantized, "FOLD_MIN_BYTES", HIDDEN * HIDDEN + 1)
+    assert every > 0 and dequantized.fold(light, weights, float32=True)[2] == 0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..graph import io, proto
 from ..errors import QdqError
+from . import dequantized
 from .profile import step
 import onnxruntime as ort
 
@@ -143,6 +144,7 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
             # and the Q/DQ computed as written, without any of onnxruntime's graph optimizations
             # (see LARGE_GRAPH_NODES)
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        model, light, weights = _dequantize_once(model, light, weights, opts, providers)
         blob = io.session_bytes(light) if weights else None
         if blob is not None:
             # the weights reach onnxruntime from memory; it reads them in place, so the session keeps them
@@ -170,6 +172,21 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
         fix = ("pass --custom-op-library LIB.so for " + ", ".join(custom) + (", or --calib-cache FILE" if cache else "")
                if custom else "check that the model runs in onnxruntime" + (", or pass --calib-cache" if cache else ""))
         raise QdqError(f"onnxruntime cannot run the model for {purpose} ({first})", fix) from e
+
+
+def _dequantize_once(model: proto.ModelProto, light: proto.ModelProto, weights: dict, opts, providers: list):
+    """(model, light, weights) with the constant weights' DequantizeLinear computed once
+    (execution.dequantized) on the CPU provider alone, float32 ones too where `opts` fuse
+    nothing; without prepacking then. Another provider gets the Q/DQ as written."""
+    if providers != ["CPUExecutionProvider"]:
+        return model, light, weights
+    fusing = opts.graph_optimization_level not in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                                   ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    light, weights, folded = dequantized.fold(light, weights, float32=not fusing)
+    if not folded:
+        return model, light, weights
+    _config(opts, "session.disable_prepacking", "1")
+    return (light if not weights else model), light, weights
 
 
 # A graph of this many nodes or more is large: opening an onnxruntime session on it costs more than
@@ -219,7 +236,7 @@ def _shared_session(blob: bytes, weights: dict, values: list, opts, providers: l
     """A session over the model `blob` whose stub initializers are onnxruntime shared initializers
     over `weights` (no copy, no prepacking). onnxruntime checks that a stub's data file exists: the
     model is read from a temporary folder beside an empty file of the stubs' location."""
-    opts.add_session_config_entry("session.disable_prepacking", "1")
+    _config(opts, "session.disable_prepacking", "1")
     for name, value in zip(weights, values):
         opts.add_initializer(name, value)
     with tempfile.TemporaryDirectory() as d:
@@ -252,10 +269,16 @@ EXACT_INT8 = ("session.x64quantprecision", "1")
 
 
 def _exact_int8(opts) -> None:
+    _config(opts, *EXACT_INT8)
+
+
+def _config(opts, key: str, value: str) -> None:
+    """`opts`'s session config entry `key` set to `value`, unless already set (the caller's own
+    setting stays; onnxruntime warns on an entry set twice)."""
     try:
-        opts.get_session_config_entry(EXACT_INT8[0])      # the caller's own setting stays
+        opts.get_session_config_entry(key)
     except Exception:
-        opts.add_session_config_entry(*EXACT_INT8)
+        opts.add_session_config_entry(key, value)
 
 
 # onnxruntime 1.32 on a CPU without VNNI, under EXACT_INT8, fails to open some Q/DQ files of other

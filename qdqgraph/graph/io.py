@@ -774,6 +774,11 @@ def _stub(name: str, data_type: int, dims, nbytes: int) -> onnx.TensorProto:
     return stub
 
 
+def stub(name: str, array: np.ndarray) -> onnx.TensorProto:
+    """A stub initializer for `array`, which reaches onnxruntime from memory beside the model."""
+    return _stub(name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype), array.shape, array.nbytes)
+
+
 def fill_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     """A copy of `model` whose stub initializers named in `weights` hold that data again."""
     full = onnx.ModelProto()

@@ -79,6 +79,15 @@ def tensor(array: np.ndarray, name: str) -> TensorProto:
     return onnx.numpy_helper.from_array(array, name)
 
 
+def to_array(t: TensorProto) -> np.ndarray:
+    return onnx.numpy_helper.to_array(t)
+
+
+def is_external(t: TensorProto) -> bool:
+    """Whether `t`'s data lies outside the proto (a file, or an array held apart)."""
+    return t.data_location == TensorProto.EXTERNAL
+
+
 def load_bare(path: str) -> ModelProto:
     """A model file without its external data (the graph and the references only)."""
     return onnx.load(path, load_external_data=False)
