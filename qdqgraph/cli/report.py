@@ -48,19 +48,23 @@ def run(args) -> int:
     graph_path = plan.output(args.graph, "--graph")
     engine = read_engine_report(args.against) if args.against else None
     target = args.target or (engine.backend if engine is not None and engine.backend else "tensorrt")
-    model = io.read_model(args.model)
-    if engine is None and not graph_path and not args.recompute:
-        kept = recorded.recorded(model, target)
-        if kept is not None:
-            print(kept.table.splitlines()[-1] if args.quiet else kept.table)
-            for line in kept.lint:
-                print(line)
-            if json_path:
-                doc = dict(kept.report, target=target)
-                outputs.write_text(json_path, json.dumps(doc, indent=1) + "\n", force=args.force)
-            return 3 if args.strict and kept.lint else 0
+    # the graph alone first: a prediction recorded for it needs neither the checker nor weights kept
+    # in other files (qdqgraph checked the graph it recorded; 0.5 s of 1.8 s on a 10,000-node CNN)
+    model = io.read_model(args.model, external_data=False)
+    use_record = engine is None and not graph_path and not args.recompute
+    kept = recorded.recorded(model, target, report=bool(json_path)) if use_record else None
+    if kept is None and io.finish_reading(model, args.model) and use_record:
+        kept = recorded.recorded(model, target, report=bool(json_path))   # recorded with its weights in
+    if kept is not None:
+        print(kept.table.splitlines()[-1] if args.quiet else kept.table)
+        for line in kept.lint:
+            print(line)
+        if json_path:
+            doc = dict(kept.report or {}, target=target)
+            outputs.write_text(json_path, json.dumps(doc, indent=1) + "\n", force=args.force)
+        return 3 if args.strict and kept.lint else 0
     dims = recorded.dims_of(model)                   # the shapes insert predicted at (its calibration data's)
-    loaded = io.load(model, check=False)             # read_model checked it
+    loaded = io.load(model, check=False)             # finish_reading checked it
     del model
     sim, diagnostics = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target,
                                          dims=dims)
