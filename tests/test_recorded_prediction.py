@@ -135,3 +135,87 @@ def test_a_fixed_model_reports_its_own_graph(written, tmp_path, capsys):
     _, kept = _report(out, capsys)
     _, fresh = _report(out, capsys, "--recompute")
     assert kept == fresh and "INT8 FLOPs" in fresh
+
+
+def test_report_prints_a_record_without_the_checker_or_the_json_report(written, tmp_path, capsys, monkeypatch):
+    """A record that matches its graph is printed from the graph alone: the checker, the external
+    data and the JSON report (nine tenths of the record) are for the simulation and --json."""
+    _, fresh = _report(written, capsys, "--recompute")
+    count = Counter(monkeypatch)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the record path ran the checker or parsed the JSON report")
+    monkeypatch.setattr(qdqgraph.graph.io, "validate", refused)
+    real_loads = recorded.json.loads
+    monkeypatch.setattr(recorded.json, "loads", lambda text: refused() if b'"layers"' in text else real_loads(text))
+    code, kept = _report(written, capsys)
+    assert code == 0 and count.calls == 0 and kept == fresh
+    _, quiet = _report(written, capsys, "--quiet")
+    assert quiet.splitlines() == fresh.splitlines()[-1:] and count.calls == 0
+
+
+def test_an_unrecorded_model_is_still_checked(written, tmp_path, capsys, monkeypatch):
+    model = onnx.load(written)
+    recorded.forget(model)
+    plain = tmp_path / "plain.onnx"
+    onnx.save(model, plain)
+    checked = []
+    real = qdqgraph.graph.io.validate
+    monkeypatch.setattr(qdqgraph.graph.io, "validate", lambda *a, **k: checked.append(1) or real(*a, **k))
+    count = Counter(monkeypatch)
+    _, out = _report(plain, capsys)
+    assert checked and count.calls == 1
+    _, kept = _report(written, capsys)
+    assert out == kept and count.calls == 1 and len(checked) == 1
+
+
+def test_a_record_is_used_for_a_model_with_external_data(written, tmp_path, capsys, monkeypatch):
+    """A record made of the graph with its weights in matches once the weights kept in another file
+    are read; without that file, report says so (exit 2)."""
+    def external(model, name):
+        onnx.save(model, tmp_path / name, save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=name + ".data", size_threshold=0)
+        return tmp_path / name
+    first = external(onnx.load(written), "first.onnx")
+    model = onnx.load(first)                        # onnx marks the weights read in: another graph's bytes
+    assert recorded.recorded(model, "tensorrt") is None
+    sim, found = qdqgraph.trtsim.simulate_and_lint(model, region=qdqgraph.load_ruleset().region)
+    assert recorded.record(model, sim, found, "tensorrt")
+    ext = external(model, "ext.onnx")
+    assert onnx.load(ext, load_external_data=False).graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
+    _, fresh = _report(ext, capsys, "--recompute")
+    count = Counter(monkeypatch)
+    code, out = _report(ext, capsys)
+    assert code == 0 and count.calls == 0 and out == fresh
+    (tmp_path / "ext.onnx.data").unlink()
+    assert main(["report", str(ext)]) == 2
+    assert "ext.onnx.data" in capsys.readouterr().err
+
+
+def test_the_record_without_its_json_report_is_the_rest_of_it(written):
+    model = onnx.load(written)
+    sim = qdqgraph.trtsim.simulate(model)
+    # a finding that looks like the report's key: it sits inside a string, where its quotes are escaped
+    lint = ['x,"report":{"layers":[]}', "y"]
+    assert recorded.record(model, sim, lint, "tensorrt")
+    whole, part = recorded.recorded(model, "tensorrt"), recorded.recorded(model, "tensorrt", report=False)
+    assert whole is not None and part is not None and part.report is None
+    assert (part.table, part.lint) == (whole.table, whole.lint) == (sim.table(), lint)
+    assert json.dumps(whole.report) == json.dumps(sim.to_dict())
+
+
+def test_the_digest_hashes_each_message_of_the_graph_in_turn(written):
+    """The digest of records already written: field name, then each item serialized, field by field
+    (how a field's items are fed to the hash may change; the value may not)."""
+    import hashlib
+    model = onnx.load(written)
+    h = hashlib.sha256()
+    for field, value in model.graph.ListFields():
+        h.update(field.name.encode())
+        for item in (value if field.is_repeated else [value]):
+            h.update(item.SerializeToString() if hasattr(item, "SerializeToString") else str(item).encode())
+    for part in (*model.opset_import, *model.functions):
+        h.update(part.SerializeToString())
+    assert recorded.digest(model) == h.hexdigest()
+    model.graph.node[0].name += "x"
+    assert recorded.digest(model) != h.hexdigest()

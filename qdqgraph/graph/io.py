@@ -138,7 +138,8 @@ def require_model_file(path) -> Path:
 
 def read_model(path: str | os.PathLike, external_data: bool = True) -> onnx.ModelProto:
     """Read an ONNX file with its external data, or raise a QdqError that says what is wrong.
-    `external_data=False`: the graph alone, for a look at its inputs (the checker then runs later)."""
+    `external_data=False`: the graph alone, unchecked, for a look at its inputs or the prediction
+    recorded in it (the checker then runs later; `finish_reading` reads and checks the rest)."""
     p = require_model_file(path)
     try:
         model = onnx.load(str(p), load_external_data=external_data)
@@ -148,6 +149,23 @@ def read_model(path: str | os.PathLike, external_data: bool = True) -> onnx.Mode
     if external_data:
         validate(model, str(p))
     return model
+
+
+def finish_reading(model: onnx.ModelProto, path: str | os.PathLike) -> bool:
+    """What `read_model(path, external_data=False)` left out of `model` (in place): the external
+    data its tensors refer to, read as onnx.load reads it, then the checker. Returns whether any
+    external data was read (a caller that looked at the graph alone looks again)."""
+    p = Path(path)
+    external = False
+    try:
+        for t in _get_all_tensors(model):
+            if uses_external_data(t):
+                load_external_data_for_tensor(t, str(p.parent))
+                external = True
+    except Exception as e:
+        raise _unreadable(p, e) from e
+    validate(model, str(p))
+    return external
 
 
 # a model file this large holds its weights itself; below it, the file is read for the external data

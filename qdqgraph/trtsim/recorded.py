@@ -32,10 +32,11 @@ MAX_GRAPH_BYTES = 1 << 30          # a larger graph is not serialized again for 
 
 @dataclass
 class Recorded:
-    """What `report` prints for the model: the table, the linter's lines, the JSON report."""
+    """What `report` prints for the model: the table, the linter's lines, the JSON report (None
+    where `recorded` was not asked for it)."""
     table: str
     lint: list[str]
-    report: dict
+    report: dict | None
 
 
 def digest(model) -> str | None:
@@ -50,8 +51,11 @@ def digest(model) -> str | None:
         h.update(field.name.encode())
         repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
         items = value if repeated else [value]
-        for item in items:
-            h.update(item.SerializeToString() if hasattr(item, "SerializeToString") else str(item).encode())
+        if field.message_type is not None:      # one update for the field's messages: the same bytes, faster
+            h.update(b"".join([item.SerializeToString() for item in items]))
+        else:
+            for item in items:
+                h.update(str(item).encode())
     for part in (*model.opset_import, *model.functions):
         h.update(part.SerializeToString())
     return h.hexdigest()
@@ -113,15 +117,20 @@ def dims_of(model) -> dict[str, int]:
         if isinstance(doc, dict) else {}
 
 
-def recorded(model, target: str) -> Recorded | None:
+# the JSON report, the record's last key (`record` writes it so): what precedes it is the rest
+_REPORT_KEY = b',"report":'
+
+
+def recorded(model, target: str, report: bool = True) -> Recorded | None:
     """The record in `model`'s metadata when it still describes the model for `target`: same
     graph (digest), same target, same qdqgraph version and bundled rules. None otherwise (no record, an unreadable
-    one, or a model changed since it was written)."""
+    one, or a model changed since it was written). `report=False`: without the JSON report, which
+    is then not parsed (nine tenths of the record: 0.1 s on a 10,000-node CNN)."""
     value = next((p.value for p in model.metadata_props if p.key == KEY), None)
     if value is None:
         return None
     try:
-        doc = json.loads(lzma.decompress(base64.b64decode(value, validate=True)))
+        doc = _parse(lzma.decompress(base64.b64decode(value, validate=True)), report)
     except (ValueError, lzma.LZMAError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != __version__ \
@@ -130,6 +139,21 @@ def recorded(model, target: str) -> Recorded | None:
     if doc.get("digest") != digest(model):
         return None
     try:
-        return Recorded(table=str(doc["table"]), lint=[str(x) for x in doc["lint"]], report=dict(doc["report"]))
+        return Recorded(table=str(doc["table"]), lint=[str(x) for x in doc["lint"]],
+                        report=dict(doc["report"]) if report else None)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _parse(text: bytes, report: bool):
+    """The record's JSON document; without `report`, its keys before the JSON report alone. In the
+    compact JSON `record` writes, the first `,"report":` is that key: the values before it are
+    strings (a quote inside one is escaped), numbers and a list of strings, where no key follows a
+    comma. Any other text is parsed whole."""
+    cut = -1 if report else text.find(_REPORT_KEY)
+    if cut > 0:
+        try:
+            return json.loads(text[:cut] + b"}")
+        except ValueError:
+            pass
+    return json.loads(text)
