@@ -82,3 +82,19 @@ def test_fix_predicts_at_the_inputs_dims_or_the_datas_and_records_it():
     longer = {"x": rng.standard_normal((4, 1, 2 * SEQ, HIDDEN)).astype(np.float32)}
     r2 = qdqgraph.fix(q, calib=longer, exclude_nodes=["^o_proj$"])
     assert recorded.dims_of(r2.model) == {"b": 1, "s": 2 * SEQ}
+
+
+def test_fix_predicts_and_records_for_its_target():
+    """`fix --target tensorrt-rtx` predicts with TensorRT for RTX's rules, as insert and report do,
+    and records that prediction for that target (it predicted for TensorRT whatever the target)."""
+    import qdqgraph
+    from qdqgraph.trtsim import simulate_and_lint
+    m = motifs.attention_block(seq="s")
+    rng = np.random.default_rng(0)
+    q = qdqgraph.quantize(m, calib={"x": rng.standard_normal((8, 1, SEQ, HIDDEN)).astype(np.float32)},
+                          high_precision="fp32", int8_attention="on").model
+    r = qdqgraph.fix(q, exclude_nodes=["^o_proj$"], target="tensorrt-rtx")
+    assert recorded.recorded(r.model, "tensorrt-rtx") is not None
+    assert recorded.recorded(r.model, "tensorrt") is None
+    want, _ = simulate_and_lint(r.model, target="tensorrt-rtx", dims=recorded.dims_of(r.model))
+    assert r.report.tensorrt_after == dict(want.summary)

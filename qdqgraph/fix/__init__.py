@@ -33,7 +33,7 @@ from ..placement import load_ruleset
 from ..placement.plan import Plan
 from ..prepare import data_dims, is_real, read_data
 from ..execution.runtime import register_custom_ops
-from ..trtsim import lint, recorded, simulate
+from ..trtsim import recorded, simulate_and_lint
 from ..graph.view import GraphView
 from . import facts as fact_reader, planning
 from .report import FixReport
@@ -108,10 +108,11 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
         if isinstance(calib, str) and calib == "random":
             report.warnings.append("calibrated on random data: the scales of the tensors it calibrates say nothing "
                                    "about accuracy")
-    ruleset = load_ruleset(cfg.rules, cfg.precision)
+    ruleset = load_ruleset(cfg.rules, cfg.precision, cfg.target)
     dims = _dims(loaded, data)
     with report.stage("simulate"):
-        report.tensorrt_before, report.lint_before, _ = _predict(loaded.graph, ruleset.region, report, dims)
+        report.tensorrt_before, report.lint_before, _ = _predict(loaded.graph, ruleset.region, report, dims,
+                                                                 cfg.target)
     with report.stage("strip"):
         report.add([fact_reader.strip(loaded.graph, facts)])
         stripped = loaded.graph.copy()
@@ -144,9 +145,10 @@ def _fix(model, calib, config, high_precision, progress, options) -> FixResult:
     model_out, final = _types(loaded, inserted["provenance"], cfg, high_precision, data if is_real(calib) else None,
                               report)
     with report.stage("simulate"):
-        report.tensorrt_after, report.lint_after, found = _predict(final.graph, ruleset.region, report, dims)
+        report.tensorrt_after, report.lint_after, found = _predict(final.graph, ruleset.region, report, dims,
+                                                                   cfg.target)
         if found is not None:           # what `report` prints for the written model, kept in it
-            recorded.record(model_out, found[0], found[1], "tensorrt", dims)
+            recorded.record(model_out, found[0], found[1], cfg.target, dims)
     return FixResult(model_out, plan, report, cfg)
 
 
@@ -195,12 +197,13 @@ def _types(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, high_precis
     return write_model(loaded, provenance, cfg.with_(high_precision=high_precision), data, report)
 
 
-def _predict(graph, region, report: FixReport, dims: dict[str, int]) -> tuple[dict | None, list[str], tuple | None]:
-    """The simulator's summary and the linter's findings (as `qdqgraph report` prints them), at
-    `dims`; and (simulation, findings) for `recorded.record`, or None where it failed."""
+def _predict(graph, region, report: FixReport, dims: dict[str, int],
+             target: str) -> tuple[dict | None, list[str], tuple | None]:
+    """The simulator's summary and the linter's findings for `target` (as `qdqgraph report
+    --target` prints them), at `dims`; and (simulation, findings) for `recorded.record`, or None
+    where it failed."""
     try:
-        sim = simulate(graph, dims=dims)
-        found = lint(graph, sim, region=region)
+        sim, found = simulate_and_lint(graph, region=region, target=target, dims=dims)
         return dict(sim.summary), [str(d) for d in found], (sim, found)
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); please report this")
