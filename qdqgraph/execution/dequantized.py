@@ -114,8 +114,9 @@ def _operands(node, inits: dict, weights: dict[str, np.ndarray]):
     attrs = {a.name: proto.attribute_value(a) for a in node.attribute}
     if attrs.get("block_size", 0) or "output_dtype" in attrs:
         return None
-    arrays = [_array(inits[n], weights) for n in names]
-    if any(a is None for a in arrays):
+    found = [_array(inits[n], weights) for n in names]
+    arrays = [a for a in found if a is not None]
+    if len(arrays) < len(found):
         return None
     zero = arrays[2] if len(arrays) > 2 else np.zeros((), arrays[0].dtype)
     return arrays[0], arrays[1], zero, int(attrs.get("axis", 1))
