@@ -17,13 +17,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import io, proto
-from ..ops import DEQUANTIZE
+from ..ops import DEQUANTIZE, vocabulary
 
-# A float32 weight DequantizeLinear is left where onnxruntime may fuse it with its consumer into an
-# integer kernel (DQ -> MatMul -> MatMulIntegerToFloat, DQ -> Conv -> Q -> QLinearConv): its level-2
-# fusions do, and folding would swap that integer arithmetic for a float GEMM. An FP16 one it never
-# fuses on the CPU provider (it runs the dequantization, then a Cast); below its extended level it
-# fuses none.
+# Where onnxruntime optimizes the graph, a constant weight changes more than the dequantization:
+# - a float32 weight DequantizeLinear it may fuse with its consumer into an integer kernel (DQ ->
+#   MatMul -> MatMulIntegerToFloat, DQ -> Conv -> Q -> QLinearConv, its level-2 fusions): folding
+#   would swap that integer arithmetic for a float GEMM. An FP16 one it never fuses on the CPU
+#   provider (it runs the dequantization, then a Cast).
+# - a convolution over a constant weight it runs in its blocked layout (NCHWc) or fuses with a
+#   following Add or Mul, adding in another order than over a computed weight: ResNet-18's written
+#   model came out different in the last bits (and twice as fast); over a computed one, as before.
+# So there only weights that MatMul and Gemm nodes alone read are folded (MiniLM's and Whisper's
+# written models compute bit-identical outputs); without optimizations (the widened sessions of
+# large graphs, io.widen_fp16) every weight is.
+_PLAIN_READERS = ("matmul", "gemm")
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
 _F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
 
@@ -39,12 +46,13 @@ FOLD_MIN_BYTES = 4096
 FOLD_SESSION_MAX_BYTES = 64 << 20
 
 
-def fold(model: proto.ModelProto, weights: dict[str, np.ndarray], float32: bool,
+def fold(model: proto.ModelProto, weights: dict[str, np.ndarray], float32: bool, optimized: bool = True,
          max_bytes: int | None = None) -> tuple[proto.ModelProto, dict[str, np.ndarray], int]:
     """(model, weights, folded): the DequantizeLinear nodes of `model`'s main graph whose inputs are
     constant 8-bit weights, per-tensor or per-axis, replaced by their float output as an
     initializer, in graph order while the new arrays stay within `max_bytes` (default: what
-    keeps the session's weights under FOLD_SESSION_MAX_BYTES). `weights` holds the
+    keeps the session's weights under FOLD_SESSION_MAX_BYTES). `optimized`: the session optimizes
+    the graph, and only weights MatMul and Gemm nodes alone read are folded (see above). `weights` holds the
     data of `model`'s stub initializers (io.split_weights); `float32`: float32 outputs are folded too
     (where the session fuses nothing, see above), else only FP16 ones. `model` and `weights` are
     not changed: where anything is folded, a new model (the stubs' data not copied) and dict come back."""
@@ -55,9 +63,12 @@ def fold(model: proto.ModelProto, weights: dict[str, np.ndarray], float32: bool,
         return model, weights, 0
     inits = {t.name: t for t in g.initializer}
     outputs = {o.name for o in g.output}
+    plain = _plain_reads(g) if optimized else None
     found, spent = [], 0
     for k, node in enumerate(g.node):
         if node.op_type != DEQUANTIZE or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            continue
+        if plain is not None and node.output[0] not in plain:
             continue
         value = _dequantized(node, inits, weights, float32)
         if value is None or spent + value.nbytes > max_bytes:
@@ -81,6 +92,19 @@ def fold(model: proto.ModelProto, weights: dict[str, np.ndarray], float32: bool,
             folded.graph.initializer.append(proto.tensor(value, name))
     _drop_unused(folded, out)
     return folded, out, len(found)
+
+
+def _plain_reads(g) -> set[str]:
+    """The tensors of graph `g` that only MatMul and Gemm nodes read (see _PLAIN_READERS)."""
+    vocab = vocabulary()
+    plain: set[str] = set()
+    other: set[str] = set()
+    for node in g.node:
+        kind = plain if any(vocab.is_(node.op_type, c) for c in _PLAIN_READERS) else other
+        kind.update(node.input)
+    for sub in io.subgraphs(g):
+        other.update(n for node in sub.node for n in node.input)
+    return plain - other
 
 
 def _dequantized(node, inits: dict, weights: dict[str, np.ndarray], float32: bool) -> np.ndarray | None:

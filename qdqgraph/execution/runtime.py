@@ -176,13 +176,14 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
 
 def _dequantize_once(model: proto.ModelProto, light: proto.ModelProto, weights: dict, opts, providers: list):
     """(model, light, weights) with the constant weights' DequantizeLinear computed once
-    (execution.dequantized) on the CPU provider alone, float32 ones too where `opts` fuse
-    nothing; without prepacking then. Another provider gets the Q/DQ as written."""
+    (execution.dequantized) on the CPU provider alone: float32 ones too where `opts` fuse
+    nothing, any reader's where they optimize nothing; without prepacking then. Another provider gets the Q/DQ as written."""
     if providers != ["CPUExecutionProvider"]:
         return model, light, weights
-    fusing = opts.graph_optimization_level not in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-                                                   ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
-    light, weights, folded = dequantized.fold(light, weights, float32=not fusing)
+    level = opts.graph_optimization_level
+    fusing = level not in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    light, weights, folded = dequantized.fold(light, weights, float32=not fusing,
+                                              optimized=level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     if not folded:
         return model, light, weights
     _config(opts, "session.disable_prepacking", "1")
