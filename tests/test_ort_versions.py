@@ -142,3 +142,16 @@ def test_small_weights_and_the_byte_budget_bound_the_folding(monkeypatch):
     monkeypatch.setattr(dequantized, "FOLD_SESSION_MAX_BYTES", 1 << 30)
     monkeypatch.setattr(dequantized, "FOLD_MIN_BYTES", HIDDEN * HIDDEN + 1)
     assert every > 0 and dequantized.fold(light, weights, float32=True)[2] == 0
+
+
+def test_nothing_is_folded_where_a_prepacking_kernel_reads_another_constant():
+    """A float layer's own constant weight would be computed unpacked once prepacking is off (its
+    sums move): with o_proj float, no weight of the block is folded, and its outputs stay those
+    of the model as written."""
+    model, float_model = _written(exclude_nodes=["^o_proj$"])
+    light, weights = io.split_weights(model)
+    assert dequantized.fold(light, weights, float32=False)[2] == 0
+    plain = _as_written(model, LEVEL.ORT_ENABLE_ALL)
+    sess = runtime.session(model, purpose="comparison")
+    feed = {k: v[0] for k, v in motifs.sample_data(float_model, n=1).items()}
+    assert all(np.array_equal(a, b) for a, b in zip(sess.run(None, feed), plain.run(None, feed)))
