@@ -3,7 +3,7 @@
 the default, on the zoo, torchvision and the transformer set (issue 31).
 
     python benchmarks/fidelity_defaults.py [--only a,b] [--variants none,cle,...] [--samples 32]
-                                           [--jsonl OUT.jsonl] [--holdout 16]
+                                           [--jsonl OUT.jsonl] [--holdout 16] [--options JSON]
 
 For every model and variant it runs `qdqgraph.quantize` in this process on the model's calibration
 file, timed, and measures the written model (FP16 islands, as written) in onnxruntime, opened by
@@ -14,7 +14,9 @@ and on --holdout samples the run never saw (the zoo's data file, odd-indexed sam
 the model's inputs), per output and over all outputs; with the INT8 FLOPs share the simulator
 predicts and the nodes each decision returned to float. One JSON line per (model, variant) goes to
 --jsonl as it finishes; a markdown table is printed at the end. Task metrics come from
-benchmarks/zoo_accuracy.py with the same options as --variant (docs/ACCURACY.md).
+benchmarks/zoo_accuracy.py with the same options as --variant (docs/ACCURACY.md). --options adds
+`qdqgraph.quantize` keywords to every variant (a JSON object; lists become tuples), e.g.
+'{"include_nodes": ["attention/output/dense"], "bias_correction": true}', and the rows record them.
 """
 from __future__ import annotations
 
@@ -162,6 +164,8 @@ def main():
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--holdout", type=int, default=16)
     ap.add_argument("--jsonl", type=Path, default=Path("/tmp/qdqgraph-fidelity.jsonl"))
+    ap.add_argument("--options", type=json.loads, default={},
+                    help="more qdqgraph.quantize keywords for every variant, as a JSON object")
     ap.add_argument("--table", type=Path, nargs="+", metavar="JSONL",
                     help="only print the table of rows saved by earlier runs")
     a = ap.parse_args()
@@ -170,11 +174,14 @@ def main():
         return
     found = models()
     names = [n for n in a.only.split(",") if n in found] if a.only else list(found)
+    extra = {k: tuple(v) if isinstance(v, list) else v for k, v in a.options.items()}
     rows = []
     for n in names:
         for v in a.variants.split(","):
             try:
-                row = run_one(n, found[n], v, VARIANTS[v][1], a.samples, a.holdout)
+                row = run_one(n, found[n], v, {**VARIANTS[v][1], **extra}, a.samples, a.holdout)
+                if extra:
+                    row["options"] = a.options
             except Exception as e:  # noqa: BLE001 - a failure is a table cell
                 row = {"model": n, "variant": v, "error": f"{type(e).__name__}: {e}"[:300]}
             rows.append(row)
