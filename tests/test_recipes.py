@@ -92,6 +92,98 @@ def test_search_never_returns_worse_than_the_calibrated_range():
     assert err <= plain
 
 
+def _brute_search(x, w, cmax, extra):
+    """The search as its doc states it, written out one candidate at a time, each product on its own:
+    per alpha, the grid scanned on the largest rows and every SCAN_STRIDE-th other one, the
+    SCAN_KEEP best measured again on all rows with `extra` (at alpha 0), then the two neighbours."""
+    from qdqgraph.precisions.scales import safe_scales
+    m = w.shape[1]
+    p = None if m <= output_aware.PROJECT else \
+        (np.random.default_rng(0).standard_normal((m, output_aware.PROJECT)) / np.sqrt(output_aware.PROJECT)).astype(np.float32)
+    project = (lambda a: a) if p is None else (lambda a: a @ p)
+
+    def fake_quant(v, scale):
+        return np.clip(np.rint(v / scale), -128, 127) * scale
+
+    def error(q, wq, rows):
+        e = (q @ wq - ref[rows]).astype(np.float64)
+        return (e ** 2).sum(axis=1)
+
+    ref = x @ project(w)
+    norm = float((ref.astype(np.float64) ** 2).sum())
+    n = x.shape[0]
+    order = np.argsort(-np.abs(x).max(axis=1), kind="stable")
+    n_top = int(n * output_aware.SCAN_TOP_ROWS)
+    rest = np.sort(order[n_top:])[::output_aware.SCAN_STRIDE]
+    scan = np.concatenate([np.sort(order[:n_top]), rest])
+    weight = np.concatenate([np.ones(n_top), np.full(len(rest), (n - n_top) / len(rest))])
+    every = np.arange(n)
+    best, plain = None, None
+    for alpha in output_aware.ALPHAS:
+        s = output_aware._smoothing(cmax, w, alpha)
+        xs = x / s
+        ws = w * s[:, None]
+        wq = project(fake_quant(ws, safe_scales(np.abs(ws).max(axis=0))))
+        top = float(np.abs(xs).max())
+
+        def full(amax):
+            return float(error(fake_quant(xs, np.float32(safe_scales(np.array([amax]))[0])), wq, every).sum()) / norm
+
+        grid = [top * f for f in output_aware.CLIP_GRID]
+        est = [float(weight @ error(fake_quant(xs[scan], np.float32(safe_scales(np.array([a]))[0])), wq, scan))
+               for a in grid]
+        kept = sorted(sorted(range(len(grid)), key=est.__getitem__)[:output_aware.SCAN_KEEP])
+        here = None
+        for amax in [grid[i] for i in kept] + (list(extra) if alpha == 0 else []):
+            err = full(amax)
+            if here is None or err < here[1]:
+                here = (amax, err)
+        for amax in (here[0] / output_aware.REFINE, here[0] * output_aware.REFINE):
+            if amax <= top and (err := full(amax)) < here[1]:
+                here = (amax, err)
+        if best is None or here[1] < best[2]:
+            best = (alpha, here[0], here[1])
+        if alpha == 0:
+            plain = here[1]
+    return best, plain
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_search_chooses_what_the_brute_force_search_chooses(case):
+    """The batched, scanned search returns the candidate (alpha, range) of a direct computation of
+    every candidate's error, bit for bit, and its error to float rounding: outlier channels, a few
+    large rows, few outputs and more than PROJECT (projected)."""
+    rng = np.random.default_rng(10 + case)
+    k, m = (24, 40) if case % 2 else (40, 160)
+    x = rng.standard_t(3 + case, size=(512, k)).astype(np.float32)
+    x[:, rng.integers(0, k, size=2)] *= 10.0 * (case + 1)
+    x[::61] *= 6.0
+    w = (rng.standard_normal((k, m)) / np.sqrt(k)).astype(np.float32)
+    cmax = np.abs(x).max(axis=0)
+    extra = (float(np.percentile(np.abs(x), 99.99)),)
+    (alpha, amax, err), plain = output_aware.search(x, w, cmax, extra)
+    (alpha_b, amax_b, err_b), plain_b = _brute_search(x, w, cmax, extra)
+    assert (alpha, amax) == (alpha_b, amax_b)
+    assert err == pytest.approx(err_b, rel=1e-5) and plain == pytest.approx(plain_b, rel=1e-5)
+
+
+def test_batched_quantization_is_the_one_at_a_time_quantization():
+    """The search quantizes its candidates together; each slice is what `_quant_act` gives alone,
+    and the weights what the formula of insertion gives, bit for bit."""
+    from qdqgraph.precisions.scales import safe_scales
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((64, 24)) * 3).astype(np.float32)
+    ranges = [float(np.abs(x).max()) * f for f in (1.0, 0.37, 0.05, 1e-9)]
+    together = output_aware._quant_acts(x, ranges)
+    assert together.dtype == np.float32
+    for q, amax in zip(together, ranges):
+        assert np.array_equal(q, output_aware._quant_act(x, amax))
+    w = (rng.standard_normal((24, 8)) * 0.1).astype(np.float32)
+    w[:, 3] = 0.0
+    s = safe_scales(np.abs(w).max(axis=0))
+    assert np.array_equal(output_aware._quant_weight(w), (np.clip(np.rint(w / s), -128, 127) * s).astype(np.float32))
+
+
 # ------------------------------------------------------------------ folding, the function kept
 
 def test_smoothing_folds_into_a_layernorm_that_feeds_only_the_linear_layer():
