@@ -77,7 +77,7 @@ HIDDEN = 256     # GEMMs large enough that a prepacked weight adds in another or
 def _written(cnn=False, **kw):
     """A written model (INT8 weights of 64 KB, FP16 islands; or a residual CNN's of 36 KB) and its
     float model."""
-    m = motifs.residual_add(c=64) if cnn else motifs.attention_block(seq=8, hidden=HIDDEN, heads=2)
+    m = motifs.residual_add(c=64) if cnn else motifs.attention_block(seq=8, hidden=HIDDEN, heads=2, bias=True)
     return qdqgraph.quantize(m, motifs.sample_data(m), **kw).model, m
 
 
@@ -155,3 +155,19 @@ def test_nothing_is_folded_where_a_prepacking_kernel_reads_another_constant():
     sess = runtime.session(model, purpose="comparison")
     feed = {k: v[0] for k, v in motifs.sample_data(float_model, n=1).items()}
     assert all(np.array_equal(a, b) for a, b in zip(sess.run(None, feed), plain.run(None, feed)))
+
+
+def test_a_weight_also_listed_as_a_graph_input_is_kept():
+    """An older model lists its initializers among the graph inputs too (an input with a default):
+    the folded weight's INT8 initializer stays, so the session still runs on the data alone."""
+    model, float_model = _written()
+    model = proto.copy_model(model)
+    weights = [t for t in model.graph.initializer if t.data_type == 3]          # the INT8 weights
+    assert weights
+    model.graph.input.extend(proto.value_info(t.name, np.int8, list(t.dims)) for t in weights)
+    light, split = io.split_weights(model)
+    assert dequantized.fold(light, split, float32=False)[2] > 0
+    feed = {k: v[0] for k, v in motifs.sample_data(float_model, n=1).items()}
+    got = runtime.session(model, purpose="comparison").run(None, feed)
+    want = _as_written(model, LEVEL.ORT_ENABLE_ALL).run(None, feed)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))

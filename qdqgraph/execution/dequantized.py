@@ -179,7 +179,8 @@ def _array(t, weights: dict[str, np.ndarray]) -> np.ndarray | None:
 def _drop_unused(model: proto.ModelProto, weights: dict[str, np.ndarray]) -> None:
     """The initializers only the folded nodes read, dropped from `model` and `weights`."""
     g = model.graph
-    used = {n for node in g.node for n in node.input} | {o.name for o in g.output}
+    # an initializer an older model also lists as a graph input stays: without it the input wants a feed
+    used = {n for node in g.node for n in node.input} | {o.name for o in g.output} | {i.name for i in g.input}
     for sub in io.subgraphs(g):           # a body may read an outer weight
         used |= {n for node in sub.node for n in node.input}
     kept = [t for t in g.initializer if t.name in used]
