@@ -62,13 +62,15 @@ def fold(model: proto.ModelProto, weights: dict[str, np.ndarray], float32: bool,
         max_bytes = FOLD_SESSION_MAX_BYTES - sum(a.nbytes for a in weights.values())
     if max_bytes <= 0:
         return model, weights, 0
-    inits = {t.name: t for t in g.initializer}
     outputs = {o.name for o in g.output}
+    dqs = [(k, node) for k, node in enumerate(g.node) if node.op_type == DEQUANTIZE
+           and node.domain in ("", "ai.onnx") and node.output[0] not in outputs]
+    if not dqs:                     # a float model's session (calibration): nothing more to look at
+        return model, weights, 0
+    inits = {t.name: t for t in g.initializer}
     plain = _plain_reads(g) if optimized else None
     found, spent = [], 0
-    for k, node in enumerate(g.node):
-        if node.op_type != DEQUANTIZE or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
-            continue
+    for k, node in dqs:
         if plain is not None and node.output[0] not in plain:
             continue
         value = _dequantized(node, inits, weights, float32)
