@@ -155,6 +155,33 @@ def test_a_float_conv_rounds_in_its_generated_epilogue_but_not_after_a_plain_rel
     assert c_generated_epilogue(Context(g, layer=layer), conv, None).ok
 
 
+def bias_free_conv_relu():
+    """conv (no bias) -> ReLU -> conv: the ReLU's output quantized for the second conv."""
+    g = motifs.G("bias_free_conv_relu")
+    x = g.node("Relu", [g.conv(g.input("x", ["n", 16, 8, 8]), 16, 16, "c1", bias=False)], name="act")
+    g.node("Conv", [x, g.weight("c2.w", (16, 16, 3, 3))], ["y"], name="c2", pads=[1, 1, 1, 1])
+    g.output("y")
+    return g.model()
+
+
+def test_a_quantized_conv_applies_its_relu_in_the_generated_kernel_that_rounds():
+    # an INT8 convolution writes float; TensorRT for RTX 1.7.1.116 compiles c1 as a convolution then
+    # __myl_MulCastReluMulMinMaxRounCast (dequantize, ReLU, requantize): no standalone quantize
+    rtx = simulate(quantized(bias_free_conv_relu(), "tensorrt"), target="tensorrt-rtx")
+    assert [x.name for x in rtx.reformats] == ["x_q"], rtx.table()
+    assert rtx.explain("F2-output-q", "act_out_q")[0]
+
+
+@pytest.mark.skipif(not HAVE_RTX, reason="needs TensorRT for RTX: pip install 'qdqgraph[rtx]'")
+def test_a_quantized_conv_and_its_relu_compile_as_predicted(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(quantized(bias_free_conv_relu(), "tensorrt"), path)
+    assert main(["build", str(path), "-o", str(tmp_path / "m.engine"), "--shapes", "x:1x16x8x8",
+                 "--layer-info", str(tmp_path / "l.json"), "--quiet"]) == 0
+    counts = json.loads((tmp_path / "l.json").read_text())["check"]["reformats"]
+    assert counts == {"predicted": 1, "compiled": 1}
+
+
 def test_an_fp8_kernel_that_only_scales_and_casts_is_a_standalone_quantize():
     from qdqgraph.backends import listing
     line = ("Name: __myl_MulCast_myl0_26, LayerType: kgen, Inputs: [ { Name: p, Dimensions: [1,8,1,1], "

@@ -270,19 +270,21 @@ def c_pointwise_layer(ctx, node, arg):
 @CONDITIONS.register("generated_epilogue")
 def c_generated_epilogue(ctx, node, arg):
     """The layer needs a generated kernel after its convolution or GEMM, in which a trailing Q can
-    round: an op beyond an activation the kernel applies itself (kernel_activation), such as a bias Add,
-    a written-out HardSwish, a SiLU or a residual Add; or, for a quantized layer, a bias (the kernel
-    writes float, and the generated kernel dequantizes and adds it). A bare GEMM has none: its Q runs
-    alone."""
+    round: an op beyond an activation a float kernel applies itself (kernel_activation), such as a
+    bias Add, a written-out HardSwish, a SiLU or a residual Add; or, for a quantized layer, its
+    activation or its bias (the kernel writes float, and the generated kernel dequantizes, adds the
+    bias and applies the activation). A bare GEMM has none: its Q runs alone."""
     layer = ctx.layer
     if layer is None:
         return miss("not reached from a layer")
     g, anchor = ctx.graph, layer.anchor
+    dequantized = any(p is not None and p.role == DQ for p in (g.producer(t) for t in anchor.inputs[:1] if t))
     for n in layer.members:
-        if n is anchor or n.role != OP or g.vocab.is_(n, "kernel_activation"):
+        # a quantized kernel writes float, and its activation runs in the generated kernel that
+        # dequantizes (a bias-less INT8 conv or GEMM and its ReLU: __myl_MulCastReluMulMinMaxRounCast)
+        if n is anchor or n.role != OP or (g.vocab.is_(n, "kernel_activation") and not dequantized):
             continue
         return hit(f"{_desc(n)} runs in a generated kernel after the {anchor.op}")
-    dequantized = any(p is not None and p.role == DQ for p in (g.producer(t) for t in anchor.inputs[:1] if t))
     if dequantized and len(anchor.inputs) > 2 and anchor.inputs[2]:
         return hit(f"the quantized {anchor.op}'s bias is added in a generated kernel")
     return miss(f"the {anchor.op} kernel applies its whole epilogue itself")
