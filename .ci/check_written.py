@@ -76,6 +76,7 @@ def check_one(path: str) -> dict:
     from qdqgraph.errors import QdqError
     from qdqgraph.prepare import model_inputs, read_data
     from qdqgraph.trtsim import simulate
+    from qdqgraph.cli.build import comparison
 
     warnings.simplefilter("ignore")          # "calibrated on random data": the samples only give shapes
     gs.logger.G_LOGGER.severity = logging.ERROR
@@ -94,14 +95,34 @@ def check_one(path: str) -> dict:
         data = read_data(loaded, "random", QuantizeConfig(samples=1))
         sim = simulate(loaded.graph, target=tensorrt_rtx.NAME)
         with tempfile.TemporaryDirectory() as d:
-            tensorrt_rtx.build(path, Path(d) / "m.engine",
-                               BuildOptions(profiles=profiles(model_inputs(loaded.graph), data), formats=sim.formats))
+            built = tensorrt_rtx.build(path, Path(d) / "m.engine",
+                                       BuildOptions(profiles=profiles(model_inputs(loaded.graph), data),
+                                                    formats=sim.formats))
+        if built.engine is not None:        # the prediction against the compiled kernels, as `build` prints it
+            check = comparison(sim, built.engine)[1]
+            kernels, quantize = check.get("summary", {}), check.get("reformats")
+            if "compute_kernels" in kernels and quantize is not None:
+                out["prediction"] = {"compute_kernels": kernels["compute_kernels"], "as_predicted": kernels["agree"],
+                                     "standalone_quantize": quantize}
     except QdqError as e:
         out["build"] = e.problem[:400]
     except Exception as e:                    # noqa: BLE001 - an internal error is a finding too
         out["build"] = f"internal error {type(e).__name__}: {str(e)[:300]}"
     out["build_s"] = time.perf_counter() - t0
     return out
+
+
+def prediction_line(results: list[dict]) -> str:
+    """The simulator's prediction against the compiled engines (a figure, not a pass/fail): compute
+    kernels as predicted, and the models whose standalone quantize kernels it counted right."""
+    found = [r["prediction"] for r in results if r.get("prediction")]
+    if not found:
+        return "prediction: no engine listed its kernels"
+    kernels = sum(p["compute_kernels"] for p in found)
+    agree = sum(p["as_predicted"] for p in found)
+    counted = sum(1 for p in found if p["standalone_quantize"]["predicted"] == p["standalone_quantize"]["compiled"])
+    return (f"prediction against TensorRT for RTX: compute kernels {agree}/{kernels} as predicted in {len(found)} "
+            f"engines; standalone quantize kernels counted right in {counted} of them")
 
 
 def _short(path: str, folder: Path) -> str:
@@ -164,6 +185,7 @@ def main(argv=None) -> int:
             print(f"    checker: {r['checker']}")
         if r["build"]:
             print(f"    build: {r['build']}")
+    print(prediction_line(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"{len(results) - len(failed) - len(expected_failed)} passed, {len(failed)} failed, "

@@ -85,8 +85,23 @@ def test_the_check_fails_naming_each_model_that_does_not_build(tmp_path, monkeyp
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
     assert len(failed) == 1 and "test_the_check_fails_naming_each_model_that_does_not_build" in failed[0], out
     assert "Mystery" in out and "1 passed, 1 failed, 0 expected failures" in out, out
+    # the residual block's engine, against its prediction (the custom op's model builds no engine)
+    line = next(x for x in out.splitlines() if x.startswith("prediction against TensorRT for RTX"))
+    assert " in 1 engines;" in line and "counted right in 1 of them" in line, line
     # a test that says why its model cannot build moves it to the expected ones
     monkeypatch.setattr(check_written, "EXPECTED_TESTS", [("test_the_check_fails_naming", "a custom op, on purpose")])
     assert check_written.main([str(folder), "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert "expected: " in out and "a custom op, on purpose" in out and "NOTE: expected to fail but passes" in out
+
+
+def test_the_prediction_line_counts_kernels_and_quantize_counts(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / ".ci"))
+    import check_written
+    rows = [{"prediction": {"compute_kernels": 5, "as_predicted": 4, "standalone_quantize": {"predicted": 2, "compiled": 2}}},
+            {"prediction": {"compute_kernels": 3, "as_predicted": 3, "standalone_quantize": {"predicted": 1, "compiled": 0}}},
+            {"build": "failed"}]
+    assert check_written.prediction_line(rows) == ("prediction against TensorRT for RTX: compute kernels 7/8 as "
+                                                   "predicted in 2 engines; standalone quantize kernels counted "
+                                                   "right in 1 of them")
+    assert check_written.prediction_line([{"build": "x"}]) == "prediction: no engine listed its kernels"
