@@ -1,0 +1,65 @@
+"""benchmarks/fidelity_noise.py: the jitter it applies, and that the ranges it reads back from a
+run's report, given unchanged as calib_cache, write the very same model (the base its spread is
+measured against)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+import qdqgraph
+from motifs import G
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity_noise.py"
+
+
+def _module():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("fidelity_noise", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _model():
+    g = G("noise")
+    x = g.input("x", ["n", 8, 12, 12])
+    y = g.node("Relu", [g.conv(x, 8, 8, "c0")], name="r0")
+    g.node("Relu", [g.conv(y, 8, 8, "c1")], ["y"], name="r1")
+    g.output("y")
+    return g.model()
+
+
+def test_jitter_stays_within_rel_is_seeded_and_seed_zero_is_the_identity():
+    fn = _module()
+    amax = {f"t{i}": float(i + 1) for i in range(50)}
+    assert fn.jittered(amax, 0.005, 0) == amax
+    a, b = fn.jittered(amax, 0.005, 3), fn.jittered(amax, 0.005, 3)
+    assert a == b and a != fn.jittered(amax, 0.005, 4)
+    ratios = np.array([a[k] / amax[k] for k in amax])
+    assert np.all(np.abs(ratios - 1) <= 0.005) and np.any(ratios != 1)
+
+
+def test_spread_of_figures():
+    fn = _module()
+    s = fn.spread([24.0, 25.0, 26.0, "inf", None])
+    assert s == {"mean": 25.0, "sd": 1.0, "min": 24.0, "max": 26.0, "n": 3}
+    assert fn.spread([]) == {}
+
+
+def test_the_reports_ranges_as_a_cache_write_the_same_model(tmp_path):
+    fn = _module()
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(), path)
+    data = {"x": np.random.default_rng(0).standard_normal((8, 1, 8, 12, 12)).astype(np.float32)}
+    first = qdqgraph.quantize(str(path), calib=data)
+    amax = fn.ranges(first.report)
+    assert amax and all(v > 0 for v in amax.values())
+    again = qdqgraph.quantize(str(path), calib=data, calib_cache=amax)
+    init = lambda m: {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}  # noqa: E731
+    a, b = init(first.model), init(again.model)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    moved = qdqgraph.quantize(str(path), calib=data, calib_cache=fn.jittered(amax, 0.005, 1))
+    c = init(moved.model)
+    assert any(not np.array_equal(a[k], c[k]) for k in a)
