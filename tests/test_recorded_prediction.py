@@ -219,3 +219,24 @@ def test_the_digest_hashes_each_message_of_the_graph_in_turn(written):
     assert recorded.digest(model) == h.hexdigest()
     model.graph.node[0].name += "x"
     assert recorded.digest(model) != h.hexdigest()
+
+
+def test_the_digest_sums_the_graph_size_protobuf_would(written, monkeypatch):
+    """The size the digest compares with MAX_GRAPH_BYTES, summed from the fields it serializes
+    anyway, is the graph's ByteSize (names and doc strings, multi-byte varints included), and a
+    graph over the limit has no digest."""
+    model = onnx.load(written)
+    model.graph.doc_string = "é" * 200          # a 2-byte length, UTF-8
+    seen = []
+    real = recorded._graph_size
+
+    def checked(graph, sizes):
+        seen.append((real(graph, sizes), graph.ByteSize()))
+        return seen[-1][0]
+    monkeypatch.setattr(recorded, "_graph_size", checked)
+    assert recorded.digest(model) is not None
+    assert seen and seen[0][0] == seen[0][1]
+    monkeypatch.setattr(recorded, "MAX_GRAPH_BYTES", model.graph.ByteSize() - 1)
+    assert recorded.digest(model) is None
+    monkeypatch.setattr(recorded, "MAX_GRAPH_BYTES", model.graph.ByteSize())
+    assert recorded.digest(model) is not None

@@ -43,22 +43,53 @@ def digest(model) -> str | None:
     """sha256 of what the simulation reads from `model` (a ModelProto): its graph, opset imports
     and local functions, hashed field by field and element by element (a serialized copy of the
     whole graph would hold the weights twice: +453 MB on a 453 MB encoder). None for a graph too
-    large to record."""
-    if model.graph.ByteSize() > MAX_GRAPH_BYTES:
+    large to record (over MAX_GRAPH_BYTES serialized).
+
+    The graph's size is summed from the fields' serialized bytes the hash reads anyway (`_graph_size`),
+    not asked of protobuf: GraphProto.ByteSize() serializes the whole graph once more (upb), 0.11 to
+    0.26 s of MiniLM-L6's insert for its 35 MB written model against 0.02 s for its initializers."""
+    graph = model.graph
+    if sum(len(t.raw_data) for t in graph.initializer) > MAX_GRAPH_BYTES:    # a lower bound of the size
         return None
     h = hashlib.sha256()
-    for field, value in model.graph.ListFields():
+    sizes: list[int | None] = []
+    for field, value in graph.ListFields():
         h.update(field.name.encode())
         repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
         items = value if repeated else [value]
+        tag = _varint_size(field.number << 3)
         if field.message_type is not None:      # one update for the field's messages: the same bytes, faster
-            h.update(b"".join([item.SerializeToString() for item in items]))
+            parts = [item.SerializeToString() for item in items]
+            sizes += [tag + _varint_size(len(b)) + len(b) for b in parts]
+            h.update(b"".join(parts))
         else:
             for item in items:
                 h.update(str(item).encode())
+                sizes.append(tag + _varint_size(len(item.encode())) + len(item.encode())
+                             if isinstance(item, str) else None)
+    if _graph_size(graph, sizes) > MAX_GRAPH_BYTES:
+        return None
     for part in (*model.opset_import, *model.functions):
         h.update(part.SerializeToString())
     return h.hexdigest()
+
+
+def _graph_size(graph, sizes: list[int | None]) -> int:
+    """graph.ByteSize() from the encoded sizes of its set fields (None: a field not summed here),
+    asked of protobuf where a field is not summed or the graph holds fields this onnx does not know."""
+    try:
+        from google.protobuf.unknown_fields import UnknownFieldSet
+        unknown = len(UnknownFieldSet(graph))
+    except Exception:  # noqa: BLE001 - an older protobuf: ask it
+        unknown = 1
+    if unknown or any(s is None for s in sizes):
+        return graph.ByteSize()
+    return sum(s for s in sizes if s is not None)
+
+
+def _varint_size(n: int) -> int:
+    """Bytes of `n` (>= 0) as a protobuf varint."""
+    return max(1, (n.bit_length() + 6) // 7)
 
 
 @lru_cache(maxsize=4)
