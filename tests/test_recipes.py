@@ -401,3 +401,29 @@ def test_a_tensor_with_too_few_rows_keeps_its_calibrated_range(monkeypatch):
     monkeypatch.setattr(output_aware, "MIN_ROWS", rows)
     choices, _ = output_aware.choose(loaded, plan, calib)
     assert choices                                 # the same tensors, searched
+
+
+def test_high_percentile_is_numpys_bit_for_bit():
+    """output_aware.high_percentile, from the rows with the largest maxima, is np.percentile's value
+    exactly: ties, heavy tails, rows of zeros, q from 0 to 100, and non-finite values (numpy's own)."""
+    from qdqgraph.recipes.output_aware import high_percentile
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        r, c = int(rng.integers(1, 300)), int(rng.integers(1, 200))
+        kind = trial % 5
+        if kind == 0:
+            a = np.abs(rng.standard_normal((r, c)))
+        elif kind == 1:
+            a = np.abs(rng.standard_cauchy((r, c)))
+        elif kind == 2:
+            a = rng.integers(0, 4, (r, c)).astype(np.float64)
+        elif kind == 3:
+            a = np.abs(rng.standard_normal((r, c))) * (rng.random((r, 1)) < 0.1)
+        else:
+            a = np.abs(rng.standard_normal((r, c)))
+            a.flat[int(rng.integers(a.size))] = np.inf
+        a = a.astype(np.float32)
+        for q in (99.99, 99.9, 97.0, 50.0, 100.0, 0.0):
+            with np.errstate(invalid="ignore"):
+                want, got = float(np.percentile(a, q)), high_percentile(a, q)
+            assert got == want or (np.isnan(got) and np.isnan(want)), (a.shape, q)

@@ -288,7 +288,7 @@ def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict) -> list[Choice]
         w = np.concatenate([_weight(view, n) for n in nodes], axis=1)
         if w.shape[0] != xs[t].shape[1]:
             continue
-        calibrated = float(np.percentile(np.abs(xs[t]), 99.99))
+        calibrated = high_percentile(np.abs(xs[t]), 99.99)
         (alpha, amax, err), at_zero = _search(xs[t], w, cmax[t], (calibrated,), ALPHAS)
         assert at_zero is not None, "ALPHAS holds 0"
         plain = at_zero[2]
@@ -298,6 +298,30 @@ def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict) -> list[Choice]
         out.append(Choice(t, [n.name for n in nodes], alpha, amax, err, plain, folded,
                           _smoothing(cmax[t], w, alpha) if alpha > 0 else None))
     return out
+
+
+def high_percentile(a: np.ndarray, q: float) -> float:
+    """float(np.percentile(a, q)) of a 2-D array (numpy's linear method, bit for bit), found among
+    the rows that hold its largest values: the k values from the one at q up are among the rows
+    with the k largest maxima, so only those rows are partitioned (MiniLM-L6's 24 linear inputs,
+    512 rows each: 0.13 -> 0.015 s). Where they are not fewer than half the rows, or a value is
+    not finite, np.percentile itself."""
+    n = a.size
+    qq = np.true_divide(q, 100)
+    virtual = n * qq + (1 + qq * (1 - 1 - 1)) - 1       # numpy's virtual index for the linear method
+    lo = min(max(int(np.floor(virtual)), 0), n - 1)
+    hi = min(lo + 1, n - 1)
+    k = n - lo                                          # the top k values hold positions lo and hi
+    rowmax = a.max(axis=1) if a.ndim == 2 and a.size else None
+    if rowmax is None or 2 * k > a.shape[0] or not np.isfinite(rowmax).all():
+        return float(np.percentile(a, q))
+    rows = np.argpartition(rowmax, a.shape[0] - k)[a.shape[0] - k:]
+    s = a[rows].ravel()
+    s.partition([s.size - k, s.size - (n - hi)])
+    prev, nxt = s[s.size - k], s[s.size - (n - hi)]
+    gamma = float(virtual - np.floor(virtual))
+    diff = nxt - prev                                   # numpy's _lerp, in the array's type
+    return float(nxt - diff * (1 - gamma)) if gamma >= 0.5 else float(prev + diff * gamma)
 
 
 def failed_folds(loaded: io.Loaded, pending: dict, first: dict, data: CalibrationData) -> dict:
