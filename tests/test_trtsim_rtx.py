@@ -3,6 +3,7 @@
 import importlib.util
 import json
 
+import numpy as np
 import onnx
 import pytest
 
@@ -180,6 +181,48 @@ def test_a_quantized_conv_and_its_relu_compile_as_predicted(tmp_path):
                  "--layer-info", str(tmp_path / "l.json"), "--quiet"]) == 0
     counts = json.loads((tmp_path / "l.json").read_text())["check"]["reformats"]
     assert counts == {"predicted": 1, "compiled": 1}
+
+
+def q_read_by_float(reader):
+    """float conv + ReLU -> Q -> DQ read by a float `reader` ("mul", "sigmoid", or "add": a residual
+    Add that fuses into a second float conv); no INT8 op reads the DQ."""
+    g = motifs.G(f"q_read_by_float_{reader}")
+    x = g.input("x", [1, 16, 8, 8])
+    t = g.node("Relu", [g.conv(x, 16, 16, "conv_a", bias=False)], name="relu_a")
+    scale, zero = g.const("s", np.array(0.05, np.float32)), g.const("z", np.array(0, np.int8))
+    dq = g.node("DequantizeLinear", [g.node("QuantizeLinear", [t, scale, zero], name="t_q"), scale, zero], name="t_dq")
+    u = g.conv(t, 16, 16, "conv_b", bias=False)
+    if reader == "mul":
+        g.node("Mul", [dq, u], ["y"], name="gate_mul")
+    elif reader == "sigmoid":
+        g.node("Add", [g.node("Sigmoid", [dq], name="sig"), u], ["y"], name="res_add")
+    else:
+        g.node("Add", [dq, u], ["y"], name="res_add")
+    g.output("y")
+    return g.model()
+
+
+@pytest.mark.parametrize("reader", ["mul", "sigmoid", "add"])
+def test_a_q_read_only_by_float_ops_writes_no_int8_tensor_on_rtx(reader):
+    m = q_read_by_float(reader)
+    assert [x.name for x in simulate(m).reformats] == ["t_q", "t_dq"]    # datacenter TensorRT: as before
+    rtx = simulate(m, target="tensorrt-rtx")
+    assert rtx.reformats == [], rtx.table()
+    assert rtx.explain("RTX-qdq-into-float", "t_q")[0]
+    own = [x for x in rtx.layers if x.rule == "RTX-qdq-into-float"]
+    # a pointwise reader rounds inside its kernel; the residual Add is in a conv's kernel: one of their own
+    assert [x.nodes for x in own] == ([["t_q", "t_dq"]] if reader == "add" else []), rtx.table()
+
+
+@pytest.mark.skipif(not HAVE_RTX, reason="needs TensorRT for RTX: pip install 'qdqgraph[rtx]'")
+@pytest.mark.parametrize("reader", ["mul", "add"])
+def test_a_q_read_only_by_float_ops_compiles_as_predicted(reader, tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(q_read_by_float(reader), path)
+    assert main(["build", str(path), "-o", str(tmp_path / "m.engine"), "--layer-info", str(tmp_path / "l.json"),
+                 "--quiet"]) == 0
+    counts = json.loads((tmp_path / "l.json").read_text())["check"]["reformats"]
+    assert counts == {"predicted": 0, "compiled": 0}
 
 
 def test_an_fp8_kernel_that_only_scales_and_casts_is_a_standalone_quantize():

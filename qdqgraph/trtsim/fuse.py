@@ -284,9 +284,12 @@ class Fuser:
         g = self.g
         rule = self.rules.rule("reformat")
         absorbing = bool(self.rules.for_action("dq_absorbed"))
+        rounding = bool(self.rules.for_action("q_absorbed"))
         shared: dict[tuple, LayerBuild] = {}     # (int8 tensor, parameters) -> the Reformat of those DQs
         for n in g.order():
             if n.name in self.owner or n.role not in (Q, DQ, REQUANT):
+                continue
+            if rounding and n.role == Q and self.q_into_float(n):
                 continue
             if n.role == DQ:
                 edges = {(c.name, i) for c, i in g.consumers(n.outputs[0]) if not self.is_shape_only(c)}
@@ -330,6 +333,49 @@ class Fuser:
             self.layers.append(layer)
             if n.role == DQ:
                 shared[(n.inputs[0], n.qp.key())] = layer
+
+    def q_into_float(self, q: SNode) -> bool:
+        """Whether Q `q` is read only through DQs and those only in generated kernels, where a
+        `q_absorbed` rule holds: by float layers, or by an INT8 layer's epilogue (a residual Add),
+        never as a convolution's or GEMM's operand nor as a graph output. The compiler then writes
+        no INT8 tensor. Where every reader is in such a kernel (a float pointwise layer, an
+        epilogue), Q and DQ run inside it (no layer here; an unowned DQ is then absorbed as
+        `dq_absorbed` says); else they become one float layer of their own, which rounds and writes
+        float."""
+        g = self.g
+        uses = [c for c, _ in g.consumers(q.outputs[0])]
+        if not uses or g.is_graph_output(q.outputs[0]) or any(c.role != DQ for c in uses):
+            return False
+        inside = True                      # every reader computes in a generated kernel
+        for d in uses:
+            found = [(c, i) for c, i in g.consumers(d.outputs[0]) if not self.is_shape_only(c)]
+            if not found or g.is_graph_output(d.outputs[0]) or any(c.role != OP for c, _ in found):
+                return False
+            taken = self.absorbed.get(d.name, set())
+            for c, i in found:
+                layer = self.owner.get(c.name)
+                if (c.name, i) in taken:
+                    if layer is None or layer.anchor is c:
+                        return False       # an INT8 operand of the layer's own kernel
+                elif layer is None or not any(g.vocab.is_(layer.anchor, k) for k in ("elementwise", "epilogue", "layernorm")):
+                    inside = False
+        if not inside and any(d.name in self.owner for d in uses):
+            return False
+        rule = self.first("q_absorbed", q)
+        if rule is None:
+            return False
+        if inside:
+            readers = sorted({c.name for d in uses for c, _ in g.consumers(d.outputs[0])})
+            self.trace.fired(rule.id, q.origin, f"{', '.join(readers)} round it as they read (generated kernels)")
+            return True
+        layer = LayerBuild(q, rule.id, "elementwise")
+        layer.inputs = [q.inputs[0]]
+        for node in (q, *uses):
+            self.own(layer, node)
+        layer.out = uses[0].outputs[0]
+        layer.extra_outputs = [d.outputs[0] for d in uses[1:]]
+        self.layers.append(layer)
+        return True
 
     def is_shape_only(self, node: SNode) -> bool:
         """Ops with no float or INT8 output (Shape, index math): not layers of their own here."""
