@@ -3,16 +3,18 @@
 the default, on the zoo, torchvision and the transformer set (issue 31).
 
     python benchmarks/fidelity_defaults.py [--only a,b] [--variants none,cle,...] [--samples 32]
-                                           [--jsonl OUT.jsonl] [--holdout 16] [--options JSON]
+                                           [--jsonl OUT.jsonl] [--holdout all|N] [--options JSON]
 
 For every model and variant it runs `qdqgraph.quantize` in this process on the model's calibration
 file, timed, and measures the written model (FP16 islands, as written) in onnxruntime, opened by
 qdqgraph's session (onnxruntime's rewrites that TensorRT does not make are off), against the float
 model: the output SQNR on the first --samples calibration samples (what the measured decisions see:
 qdqgraph.pipeline.FIDELITY_SAMPLES)
-and on --holdout samples the run never saw (the zoo's data file, odd-indexed samples, where it has
-the model's inputs), per output and over all outputs; with the INT8 FLOPs share the simulator
-predicts and the nodes each decision returned to float. One JSON line per (model, variant) goes to
+and on the held-out samples the run never saw (the data file's odd-indexed samples, where it has
+the model's inputs; its even-indexed ones are the calibration file), per output and over all
+outputs: by default all of them (`--holdout all`; `--holdout N` takes the first N, 0 none), and
+beside that the first --holdout-first (16, what runs before 2026-11-29 reported) as `holdout_first`;
+with the INT8 FLOPs share the simulator predicts and the nodes each decision returned to float. One JSON line per (model, variant) goes to
 --jsonl as it finishes; a markdown table is printed at the end. Task metrics come from
 benchmarks/zoo_accuracy.py with the same options as --variant (docs/ACCURACY.md). --options adds
 `qdqgraph.quantize` keywords to every variant (a JSON object; lists become tuples), e.g.
@@ -66,7 +68,21 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def data_of(model: Path, npz: Path, samples: int, odd: bool = False):
+HOLDOUT_FIRST = 16   # the held-out samples scored before `--holdout all` was the default
+
+
+def holdout_count(text: str) -> int | None:
+    """`--holdout`: 'all' (None: every held-out sample) or a count >= 0 (0: none)."""
+    if text.strip().lower() == "all":
+        return None
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--holdout takes 'all' or a count >= 0, not {text}")
+    return n
+
+
+def data_of(model: Path, npz: Path, samples: int | None, odd: bool = False):
+    """The model and its first `samples` samples of `npz` (None: all; odd: the odd-indexed ones)."""
     from qdqgraph.graph import io
     from qdqgraph.samples.data import CalibrationData, read_arrays
     from qdqgraph.prepare import model_inputs
@@ -80,7 +96,7 @@ def data_of(model: Path, npz: Path, samples: int, odd: bool = False):
     if min(len(a) for a in arrays.values()) == 0:
         return loaded, None
     data = CalibrationData(read_arrays(arrays, inputs), inputs, samples)
-    data.limit = samples
+    data.limit = data.count
     return loaded, data
 
 
@@ -93,7 +109,21 @@ def fidelity(model, loaded, data) -> dict | None:
     return f.to_dict() | {"samples": ref.samples}
 
 
-def run_one(name, paths, variant, opts, samples, holdout) -> dict:
+def held_out(written, paths, holdout: int | None, first: int = HOLDOUT_FIRST) -> dict:
+    """The written model's fidelity on the held-out samples (`holdout`: None all, 0 none), and on the
+    first `first` of them where those are fewer (`holdout_first`), keyed as a row keeps them."""
+    model, _, held = paths
+    if held is None or not held.exists() or holdout == 0:
+        return {}
+    loaded, ho = data_of(model, held, holdout, odd=True)
+    out = {"holdout": fidelity(written, loaded, ho)}
+    if ho is not None and first and first < ho.count:
+        loaded, head = data_of(model, held, first, odd=True)
+        out["holdout_first"] = fidelity(written, loaded, head)
+    return out
+
+
+def run_one(name, paths, variant, opts, samples, holdout, first=HOLDOUT_FIRST) -> dict:
     import qdqgraph
     model, calib, held = paths
     t = time.perf_counter()
@@ -106,15 +136,22 @@ def run_one(name, paths, variant, opts, samples, holdout) -> dict:
            "stages": {k: round(v, 2) for k, v in r.report.stages.items()},
            "fidelity": r.report.fidelity, "equalized": r.report.equalized,
            "bias_corrected": r.report.bias_corrected}
-    if held is not None and held.exists() and holdout:
-        loaded, ho = data_of(model, held, holdout, odd=True)
-        row["holdout"] = fidelity(r.model, loaded, ho)
+    row.update(held_out(r.model, paths, holdout, first))
     return row
 
 
 def _db(r: dict | None, key: str) -> str:
     v = ((r or {}).get(key) or {}).get("overall_db")
     return "-" if v is None else f"{v:.1f}" if isinstance(v, (int, float)) else str(v)
+
+
+def _held(r: dict) -> str:
+    """The held-out figure with its sample count, and the first HOLDOUT_FIRST's where scored."""
+    h = r.get("holdout") or {}
+    out = _db(r, "holdout") + (f" (n={h['samples']}" if h.get("samples") else "")
+    if r.get("holdout_first"):
+        out += f"; first {r['holdout_first']['samples']}: {_db(r, 'holdout_first')}"
+    return out + (")" if h.get("samples") else "")
 
 
 def _did(r: dict) -> str:
@@ -148,7 +185,7 @@ def table(rows: list[dict]) -> str:
         cells = [m]
         for v in variants:
             r = got.get(v)
-            cells.append("-" if r is None else (r["error"][:40] if "error" in r else f"{_db(r, 'calib')} / {_db(r, 'holdout')}"))
+            cells.append("-" if r is None else (r["error"][:40] if "error" in r else f"{_db(r, 'calib')} / {_held(r)}"))
         n, d = got.get("none") or {}, got.get("all") or got.get("default") or {}
         q = [f"{100 * x['int8_flops']:.1f}%" if x.get("int8_flops") is not None else "-" for x in (n, d)]
         t = [f"{x['seconds']:.1f}" if "seconds" in x else "-" for x in (n, d)]
@@ -162,7 +199,10 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--samples", type=int, default=32)
-    ap.add_argument("--holdout", type=int, default=16)
+    ap.add_argument("--holdout", type=holdout_count, default=None, metavar="all|N",
+                    help="held-out samples to score: all (the default) or the first N (0: none)")
+    ap.add_argument("--holdout-first", type=int, default=HOLDOUT_FIRST, metavar="N",
+                    help="also score the first N held-out samples where there are more (0: not)")
     ap.add_argument("--jsonl", type=Path, default=Path("/tmp/qdqgraph-fidelity.jsonl"))
     ap.add_argument("--options", type=json.loads, default={},
                     help="more qdqgraph.quantize keywords for every variant, as a JSON object")
@@ -179,7 +219,8 @@ def main():
     for n in names:
         for v in a.variants.split(","):
             try:
-                row = run_one(n, found[n], v, {**VARIANTS[v][1], **extra}, a.samples, a.holdout)
+                row = run_one(n, found[n], v, {**VARIANTS[v][1], **extra}, a.samples, a.holdout,
+                             a.holdout_first)
                 if extra:
                     row["options"] = a.options
             except Exception as e:  # noqa: BLE001 - a failure is a table cell
@@ -188,7 +229,9 @@ def main():
             with a.jsonl.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             log(f"{n:26s} {v:10s} {json.dumps({k: row.get(k) for k in ('seconds', 'int8_flops', 'error')})} "
-                f"calib {(row.get('calib') or {}).get('overall_db')} holdout {(row.get('holdout') or {}).get('overall_db')}")
+                f"calib {(row.get('calib') or {}).get('overall_db')} holdout {(row.get('holdout') or {}).get('overall_db')} "
+                f"({(row.get('holdout') or {}).get('samples')} samples; first "
+                f"{(row.get('holdout_first') or {}).get('samples')}: {(row.get('holdout_first') or {}).get('overall_db')})")
     print(table(rows))
 
 

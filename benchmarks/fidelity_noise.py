@@ -3,14 +3,15 @@
 (issue 31): the noise floor a lever has to clear.
 
     python benchmarks/fidelity_noise.py --only a,b [--runs 8] [--rel 0.005] [--samples 32]
-                                        [--holdout 16] [--options JSON] [--jsonl OUT.jsonl]
+                                        [--holdout all|N] [--options JSON] [--jsonl OUT.jsonl]
 
 For every model it runs `qdqgraph.quantize` once with the defaults (plus --options), takes every
 activation range the run chose (the report's sites), and runs it again --runs times with each range
 multiplied by its own random factor in [1 - rel, 1 + rel] (seeded by the run's index; the ranges go
 in as `calib_cache`, the weights and every other decision are the defaults'). Each written model is
 measured as fidelity_defaults measures it: output SQNR over all outputs on the first --samples
-calibration samples and on the --holdout held-out samples (the data file's odd-indexed ones). A 0.5 %
+calibration samples and on the --holdout held-out samples (the data file's odd-indexed ones: all of
+them by default, and the first 16 beside them where there are more, as `holdout_first`). A 0.5 %
 change of a range is far below what any calibration method can tell apart, so the spread of these
 figures is what the benchmark reports for the same quantizer: a lever that moves a model by less
 than about two standard deviations of this spread is not told apart from it.
@@ -53,16 +54,14 @@ def spread(values: list[float]) -> dict:
             "min": round(min(v), 2), "max": round(max(v), 2), "n": len(v)}
 
 
-def measure(name, paths, opts, samples, holdout) -> tuple[float | None, float | None, object]:
+def measure(name, paths, opts, samples, holdout) -> tuple[float | None, dict, object]:
+    """Calibration dB, {"holdout": dB, "holdout_first": dB} (those scored) and the run."""
     import qdqgraph
     model, calib, held = paths
     r = qdqgraph.quantize(model, calib=str(calib), **opts)
     loaded, cal = fd.data_of(model, calib, samples)
     c = (fd.fidelity(r.model, loaded, cal) or {}).get("overall_db")
-    h = None
-    if held is not None and held.exists() and holdout:
-        loaded, ho = fd.data_of(model, held, holdout, odd=True)
-        h = (fd.fidelity(r.model, loaded, ho) or {}).get("overall_db")
+    h = {k: (v or {}).get("overall_db") for k, v in fd.held_out(r.model, paths, holdout).items()}
     return c, h, r
 
 
@@ -72,11 +71,15 @@ def run_model(name, paths, opts, runs, rel, samples, holdout) -> dict:
     rows = []
     for seed in range(1, runs + 1):
         c, h, _ = measure(name, paths, {**opts, "calib_cache": jittered(amax, rel, seed)}, samples, holdout)
-        rows.append({"seed": seed, "calib": c, "holdout": h})
-        fd.log(f"{name:26s} jitter {seed}: calib {c} holdout {h}")
-    return {"model": name, "rel": rel, "ranges": len(amax), "default": {"calib": c0, "holdout": h0},
-            "runs": rows, "calib": spread([r["calib"] for r in rows]),
-            "holdout": spread([r["holdout"] for r in rows])}
+        rows.append({"seed": seed, "calib": c, "holdout": h.get("holdout"), "holdout_first": h.get("holdout_first")})
+        fd.log(f"{name:26s} jitter {seed}: calib {c} holdout {h.get('holdout')} first {h.get('holdout_first')}")
+    out = {"model": name, "rel": rel, "ranges": len(amax),
+           "default": {"calib": c0, "holdout": h0.get("holdout"), "holdout_first": h0.get("holdout_first")},
+           "runs": rows, "calib": spread([r["calib"] for r in rows]),
+           "holdout": spread([r["holdout"] for r in rows])}
+    if any(r["holdout_first"] is not None for r in rows):
+        out["holdout_first"] = spread([r["holdout_first"] for r in rows])
+    return out
 
 
 def _cell(s: dict) -> str:
@@ -84,16 +87,17 @@ def _cell(s: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["model", "default dB (calib / held-out)", "jittered calib dB: mean ± sd (min to max)",
-            "jittered held-out dB: mean ± sd (min to max)", "runs, rel"]
+    head = ["model", "default dB (calib / held-out / first 16 held out)", "jittered calib dB: mean ± sd (min to max)",
+            "jittered held-out dB: mean ± sd (min to max)", "the same, first 16 held out", "runs, rel"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['error'][:60]} | | | |")
+            lines.append(f"| {r['model']} | {r['error'][:60]} | | | | |")
             continue
         d = r["default"]
-        lines.append(f"| {r['model']} | {d['calib']} / {d['holdout']} | {_cell(r['calib'])} | "
-                     f"{_cell(r['holdout'])} | {len(r['runs'])}, ±{100 * r['rel']:g} % |")
+        lines.append(f"| {r['model']} | {d['calib']} / {d['holdout']} / {d.get('holdout_first') or '-'} | "
+                     f"{_cell(r['calib'])} | {_cell(r['holdout'])} | {_cell(r.get('holdout_first') or {})} | "
+                     f"{len(r['runs'])}, ±{100 * r['rel']:g} % |")
     return "\n".join(lines)
 
 
@@ -103,7 +107,8 @@ def main():
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--rel", type=float, default=0.005, help="largest relative change of a range (0.005: 0.5 %%)")
     ap.add_argument("--samples", type=int, default=32)
-    ap.add_argument("--holdout", type=int, default=16)
+    ap.add_argument("--holdout", type=fd.holdout_count, default=None, metavar="all|N",
+                    help="held-out samples to score: all (the default) or the first N (0: none)")
     ap.add_argument("--jsonl", type=Path, default=Path("/tmp/qdqgraph-fidelity-noise.jsonl"))
     ap.add_argument("--options", type=json.loads, default={},
                     help="more qdqgraph.quantize keywords for every run, as a JSON object")

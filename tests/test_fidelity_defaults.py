@@ -251,3 +251,65 @@ def test_the_floor_keeps_the_int8_share_as_the_engine_counts_it(monkeypatch):
     cut = qdqgraph.quantize(m, data, **{**OFF, "sqnr_floor": 25.0}).report.fidelity["floor"]
     assert not cut["kept"] and cut["nodes"] == [] and "as TensorRT builds it" in cut["stopped"]
     assert "as TensorRT builds it" in qdqgraph.quantize(m, data, **{**OFF, "sqnr_floor": 25.0}).report.summary()
+
+
+# ------------------------------------------------------------------ benchmarks/fidelity_defaults.py's held-out set
+
+def _bench():
+    import importlib.util
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity_defaults.py"
+    sys.path.insert(0, str(script.parent))
+    spec = importlib.util.spec_from_file_location("fidelity_defaults", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_holdout_takes_all_or_a_count():
+    import argparse
+    fd = _bench()
+    assert fd.holdout_count("all") is None and fd.holdout_count(" ALL ") is None
+    assert fd.holdout_count("16") == 16 and fd.holdout_count("0") == 0
+    with pytest.raises(argparse.ArgumentTypeError):
+        fd.holdout_count("-1")
+    with pytest.raises(ValueError):
+        fd.holdout_count("some")
+
+
+def test_benchmark_scores_every_odd_sample_by_default_and_the_first_16_beside(tmp_path):
+    """`--holdout all` scores every odd-indexed sample of the data file (the even ones are the
+    calibration file), `holdout_first` the first 16 of them where there are more, `--holdout N` the
+    first N alone, 0 none; a data file without the model's inputs gives no held-out figure."""
+    fd = _bench()
+    path, calib, held = tmp_path / "m.onnx", tmp_path / "calib.npz", tmp_path / "data.npz"
+    onnx.save(dw_separable(c=8), path)
+    x = data_for(c=8, n=42, seed=3)["x"]
+    np.savez(held, x=x)
+    np.savez(calib, x=x[0::2])
+    written = qdqgraph.quantize(str(path), calib=str(calib)).model
+    paths = (path, calib, held)
+
+    every = fd.held_out(written, paths, None)
+    assert every["holdout"]["samples"] == 21 and every["holdout_first"]["samples"] == 16
+    assert every["holdout"]["overall_db"] != every["holdout_first"]["overall_db"]
+    # the first 16 are the same samples `--holdout 16` scores; the 21 are the odd ones, none calibration's
+    assert fd.held_out(written, paths, 16) == {"holdout": every["holdout_first"]}
+    loaded, odd = fd.data_of(path, held, None, odd=True)
+    assert odd.count == 21 and odd.limit == 21
+    assert fd.held_out(written, paths, 5)["holdout"]["samples"] == 5
+    assert fd.held_out(written, paths, 50)["holdout"] == every["holdout"]      # more than there are: all
+    assert fd.held_out(written, paths, None, first=0).keys() == {"holdout"}
+    assert fd.held_out(written, paths, 0) == {} and fd.held_out(written, (path, calib, None), None) == {}
+    np.savez(held, y=x)
+    assert fd.held_out(written, paths, None) == {"holdout": None}
+
+
+def test_benchmark_table_says_how_many_held_out_samples():
+    fd = _bench()
+    row = {"model": "m", "variant": "default", "seconds": 1.0, "int8_flops": 1.0,
+           "calib": {"overall_db": 25.68}, "holdout": {"overall_db": 25.38, "samples": 24},
+           "holdout_first": {"overall_db": 24.78, "samples": 16}}
+    assert "25.7 / 25.4 (n=24; first 16: 24.8)" in fd.table([row])
+    assert "25.7 / - |" in fd.table([{**row, "holdout": None, "holdout_first": None}])

@@ -63,3 +63,21 @@ def test_the_reports_ranges_as_a_cache_write_the_same_model(tmp_path):
     moved = qdqgraph.quantize(str(path), calib=data, calib_cache=fn.jittered(amax, 0.005, 1))
     c = init(moved.model)
     assert any(not np.array_equal(a[k], c[k]) for k in a)
+
+
+def test_the_noise_of_every_held_out_sample_and_of_the_first_16(tmp_path):
+    """fidelity_noise scores what fidelity_defaults scores: every odd-indexed sample of the data file
+    by default, the first 16 of them beside, and its table shows both."""
+    fn = _module()
+    path, calib, held = tmp_path / "m.onnx", tmp_path / "calib.npz", tmp_path / "data.npz"
+    onnx.save(_model(), path)
+    x = np.random.default_rng(1).standard_normal((40, 1, 8, 12, 12)).astype(np.float32)
+    np.savez(held, x=x)
+    np.savez(calib, x=x[0::2])
+    row = fn.run_model("m", (path, calib, held), {}, 2, 0.005, 32, None)
+    assert set(row["default"]) == {"calib", "holdout", "holdout_first"}
+    assert row["holdout"]["n"] == 2 and row["holdout_first"]["n"] == 2
+    assert all(r["holdout"] is not None and r["holdout_first"] is not None for r in row["runs"])
+    assert "| m | " in fn.table([row]) and fn.table([row]).count("±") >= 4
+    few = fn.run_model("m", (path, calib, held), {}, 1, 0.005, 32, 8)
+    assert "holdout_first" not in few and few["default"]["holdout_first"] is None
