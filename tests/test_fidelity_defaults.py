@@ -256,15 +256,8 @@ def test_the_floor_keeps_the_int8_share_as_the_engine_counts_it(monkeypatch):
 # ------------------------------------------------------------------ benchmarks/fidelity_defaults.py's held-out set
 
 def _bench():
-    import importlib.util
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity_defaults.py"
-    sys.path.insert(0, str(script.parent))
-    spec = importlib.util.spec_from_file_location("fidelity_defaults", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest_helpers import benchmark
+    return benchmark("fidelity_defaults")
 
 
 def test_benchmark_holdout_takes_all_or_a_count():

@@ -1,25 +1,16 @@
 """benchmarks/fidelity_noise.py: the jitter it applies, and that the ranges it reads back from a
 run's report, given unchanged as calib_cache, write the very same model (the base its spread is
 measured against)."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 
 import qdqgraph
+from conftest_helpers import benchmark
 from motifs import G
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity_noise.py"
 
 
 def _module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("fidelity_noise", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("fidelity_noise")
 
 
 def _model():

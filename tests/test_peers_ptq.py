@@ -1,5 +1,4 @@
 """benchmarks/peers_ptq.py: the parts that do not need the peers installed."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,14 +8,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from conftest_helpers import benchmark
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peers_ptq.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("peers_ptq", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("peers_ptq")
 
 
 def test_two_value_fields_keep_the_new_raw_data():
