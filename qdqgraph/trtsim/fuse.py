@@ -287,9 +287,7 @@ class Fuser:
         rounding = bool(self.rules.for_action("q_absorbed"))
         shared: dict[tuple, LayerBuild] = {}     # (int8 tensor, parameters) -> the Reformat of those DQs
         for n in g.order():
-            if n.name in self.owner or n.role not in (Q, DQ, REQUANT):
-                continue
-            if rounding and n.role == Q and self.q_into_float(n):
+            if self.handled(n, rounding):
                 continue
             if n.role == DQ:
                 edges = {(c.name, i) for c, i in g.consumers(n.outputs[0]) if not self.is_shape_only(c)}
@@ -334,6 +332,13 @@ class Fuser:
             if n.role == DQ:
                 shared[(n.inputs[0], n.qp.key())] = layer
 
+    def handled(self, n: SNode, rounding: bool) -> bool:
+        """Whether `reformats` leaves node `n`: not a Q/DQ, in a layer already, or (with a
+        `q_absorbed` rule, `rounding`) a Q that `q_into_float` handles."""
+        if n.name in self.owner or n.role not in (Q, DQ, REQUANT):
+            return True
+        return rounding and n.role == Q and self.q_into_float(n)
+
     def q_into_float(self, q: SNode) -> bool:
         """Whether Q `q` is read only through DQs and those only in generated kernels, where a
         `q_absorbed` rule holds: by float layers, or by an INT8 layer's epilogue (a residual Add),
@@ -346,25 +351,13 @@ class Fuser:
         uses = [c for c, _ in g.consumers(q.outputs[0])]
         if not uses or g.is_graph_output(q.outputs[0]) or any(c.role != DQ for c in uses):
             return False
-        inside = True                      # every reader computes in a generated kernel
-        for d in uses:
-            found = [(c, i) for c, i in g.consumers(d.outputs[0]) if not self.is_shape_only(c)]
-            if not found or g.is_graph_output(d.outputs[0]) or any(c.role != OP for c, _ in found):
-                return False
-            taken = self.absorbed.get(d.name, set())
-            for c, i in found:
-                layer = self.owner.get(c.name)
-                if (c.name, i) in taken:
-                    if layer is None or layer.anchor is c:
-                        return False       # an INT8 operand of the layer's own kernel
-                elif layer is None or not any(g.vocab.is_(layer.anchor, k) for k in ("elementwise", "epilogue", "layernorm")):
-                    inside = False
-        if not inside and any(d.name in self.owner for d in uses):
+        found = [self._read_in_generated_kernels(d) for d in uses]
+        if None in found or (not all(found) and any(d.name in self.owner for d in uses)):
             return False
         rule = self.first("q_absorbed", q)
         if rule is None:
             return False
-        if inside:
+        if all(found):
             readers = sorted({c.name for d in uses for c, _ in g.consumers(d.outputs[0])})
             self.trace.fired(rule.id, q.origin, f"{', '.join(readers)} round it as they read (generated kernels)")
             return True
@@ -376,6 +369,28 @@ class Fuser:
         layer.extra_outputs = [d.outputs[0] for d in uses[1:]]
         self.layers.append(layer)
         return True
+
+    def _read_in_generated_kernels(self, d: SNode) -> bool | None:
+        """For DQ `d` of `q_into_float`: None where it cannot apply (no reader, a graph output, a
+        reader that is not an op, or an INT8 layer that takes it as its own kernel's operand);
+        True where every reader computes in a generated kernel (a float pointwise layer, or an INT8
+        layer's epilogue that absorbed it); False where some reader is another float layer."""
+        g = self.g
+        found = [(c, i) for c, i in g.consumers(d.outputs[0]) if not self.is_shape_only(c)]
+        if not found or g.is_graph_output(d.outputs[0]) or any(c.role != OP for c, _ in found):
+            return None
+        taken = self.absorbed.get(d.name, set())
+        inside = True
+        for c, i in found:
+            layer = self.owner.get(c.name)
+            if (c.name, i) in taken and (layer is None or layer.anchor is c):
+                return None                # an INT8 operand of the layer's own kernel
+            if (c.name, i) not in taken and (layer is None or not self._pointwise(layer)):
+                inside = False
+        return inside
+
+    def _pointwise(self, layer: LayerBuild) -> bool:
+        return any(self.g.vocab.is_(layer.anchor, k) for k in ("elementwise", "epilogue", "layernorm"))
 
     def is_shape_only(self, node: SNode) -> bool:
         """Ops with no float or INT8 output (Shape, index math): not layers of their own here."""
