@@ -78,7 +78,7 @@ def _graph_size(graph, sizes: list[int | None]) -> int:
     """graph.ByteSize() from the encoded sizes of its set fields (None: a field not summed here),
     asked of protobuf where a field is not summed or the graph holds fields this onnx does not know."""
     try:
-        from google.protobuf.unknown_fields import UnknownFieldSet
+        from google.protobuf.unknown_fields import UnknownFieldSet  # type: ignore[import-untyped]
         unknown = len(UnknownFieldSet(graph))
     except Exception:  # noqa: BLE001 - an older protobuf: ask it
         unknown = 1
