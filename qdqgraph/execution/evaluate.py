@@ -21,7 +21,7 @@ from ..errors import QdqError
 from ..ops import DEQUANTIZE, QUANTIZE
 from ..prepare import model_inputs
 from .progress import stage, step
-from .runtime import _options, graph_session, session
+from .runtime import graph_session, session
 
 
 @dataclass
@@ -332,7 +332,7 @@ def _against(reference, f_face: io.Loaded, quant_model, data: CalibrationData, p
     model = quant_model if proto.is_model(quant_model) else io.read_model(quant_model)
     # its threads stop spinning when a run ends (numerics unchanged): they held the cores the
     # accumulation between runs wants (MiniLM-L6's 16 sums took 0.2 CPU s, 0.1 ms each alone)
-    q_sess = session(model, purpose="comparison", widen=True, opts=_options(spin=False))
+    q_sess = session(model, purpose="comparison", widen=True, spin=False)
     del model
     q_inputs = {i.name for i in q_sess.get_inputs()}
     out_acc = {o: _Acc() for o in outs}

@@ -105,11 +105,12 @@ def _options(spin: bool = True, threads: int = 0):
 
 def session(model: proto.ModelProto, providers: list[str] | None = None, purpose: str = "calibration",
             weights: dict | None = None, opts=None, threads: int = 0, widen: bool = False, as_written: bool = False,
-            share: bool = False):
+            share: bool = False, spin: bool = True):
     """A session over `model`; `weights` (name -> array) supply the initializers `model` holds only
     as stubs (`io.to_model_and_weights`); without them, large initializers are split off here.
     `opts`: session options of the caller's own (custom-op libraries already registered); else
-    `threads`: onnxruntime's intra-op threads (0: one per core). `widen`: on a graph of
+    `threads`: onnxruntime's intra-op threads (0: one per core) and `spin=False`: its threads stop
+    spinning when a run ends, for callers that compute between runs (`_options`). `widen`: on a graph of
     LARGE_GRAPH_NODES nodes or more, the model's FP16 tensors computed as float32 (io.widen_fp16;
     `model` is not changed), for sessions that score a written model (see LARGE_GRAPH_NODES).
     `as_written`: onnxruntime's basic optimization level, the Q/DQ computed as written, without the
@@ -117,10 +118,11 @@ def session(model: proto.ModelProto, providers: list[str] | None = None, purpose
     initializers whatever their size (as from SHARE_WEIGHTS_MIN_BYTES on: no copy; unpacked GEMMs,
     whose sums differ in the last bits), for a session whose weights would otherwise be a second
     copy of the model's, held while the model's own session runs."""
+    opts = opts or _options(spin=spin, threads=threads)
     if as_written:
-        opts = _as_written(opts or _options(threads=threads))
+        opts = _as_written(opts)
     with step("onnxruntime session"):
-        return _session(model, providers, purpose, weights, opts, threads, widen, share)
+        return _session(model, providers, purpose, weights, opts, widen, share)
 
 
 def _as_written(opts):
@@ -132,9 +134,8 @@ def _as_written(opts):
 
 
 def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str, weights: dict | None, opts,
-             threads: int, widen: bool = False, share: bool = False):
+             widen: bool = False, share: bool = False):
     try:
-        opts = opts or _options(threads=threads)
         providers = providers or ["CPUExecutionProvider"]
         light, weights = (model, weights) if weights is not None else io.split_weights(model)
         if widen and len(light.graph.node) >= LARGE_GRAPH_NODES and not io.has_fp16_inputs(light):

@@ -261,10 +261,15 @@ def c_pointwise_layer(ctx, node, arg):
     layer = ctx.layer
     if layer is None:
         return miss("not reached from a layer")
-    g, anchor = ctx.graph, layer.anchor
-    if any(g.vocab.is_(anchor, c) for c in ("elementwise", "epilogue", "layernorm")):
+    if generated_layer(ctx.graph, layer):
         return hit()
-    return miss(f"{_desc(anchor)} is not pointwise")
+    return miss(f"{_desc(layer.anchor)} is not pointwise")
+
+
+def generated_layer(g, layer: LayerBuild) -> bool:
+    """Whether a generated kernel computes `layer`: its anchor is elementwise math, an activation
+    or a LayerNorm (`pointwise_layer`)."""
+    return any(g.vocab.is_(layer.anchor, c) for c in ("elementwise", "epilogue", "layernorm"))
 
 
 @CONDITIONS.register("generated_epilogue")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..rulebook.match import Context
 from ..graph.pointwise import region_source
-from .conditions import LayerBuild, attention_block, evaluate, holds, op_matches, pointwise_region
+from .conditions import LayerBuild, attention_block, evaluate, generated_layer, holds, op_matches, pointwise_region
 from .ir import DQ, OP, Q, REQUANT, SimGraph, SNode
 from .rules import SimRuleSet
 from .trace import Trace
@@ -385,12 +385,9 @@ class Fuser:
             layer = self.owner.get(c.name)
             if (c.name, i) in taken and (layer is None or layer.anchor is c):
                 return None                # an INT8 operand of the layer's own kernel
-            if (c.name, i) not in taken and (layer is None or not self._pointwise(layer)):
+            if (c.name, i) not in taken and (layer is None or not generated_layer(g, layer)):
                 inside = False
         return inside
-
-    def _pointwise(self, layer: LayerBuild) -> bool:
-        return any(self.g.vocab.is_(layer.anchor, k) for k in ("elementwise", "epilogue", "layernorm"))
 
     def is_shape_only(self, node: SNode) -> bool:
         """Ops with no float or INT8 output (Shape, index math): not layers of their own here."""
