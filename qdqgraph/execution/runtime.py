@@ -8,6 +8,7 @@ from pathlib import Path
 from ..graph import io, proto
 from ..errors import QdqError
 from . import dequantized
+from .shared_constants import share_equal_constants
 from .profile import step
 import onnxruntime as ort
 
@@ -141,6 +142,7 @@ def _session(model: proto.ModelProto, providers: list[str] | None, purpose: str,
         if widen and len(light.graph.node) >= LARGE_GRAPH_NODES and not io.has_fp16_inputs(light):
             light = proto.copy_model(light) if light is model else light     # stubs: the weights are not copied
             weights = io.widen_fp16(light, weights)
+            share_equal_constants(light)                # the zero points' repeats opened once (shared_constants)
             model = light if not weights else model     # without weights apart, `light` is the whole model
             # and the Q/DQ computed as written, without any of onnxruntime's graph optimizations
             # (see LARGE_GRAPH_NODES)
