@@ -2,11 +2,11 @@
 
 A written Q/DQ model gives every QuantizeLinear and DequantizeLinear a zero point of its own (and
 every Clip its bounds): the 10,000-node CNN's written model holds 24,003 initializers, 11,000 of
-them repeats of a few values. onnxruntime spends about 0.1 ms opening a session per initializer:
-its session on that model opened in 4.7 s of which 0.9 s went to the repeats (benchmarks:
-`benchmarks/ort_session_open.py`'s model, docs/SCALE.md 2026-11-30). Readers of an equal
-constant read the same values either way, so the session computes the same outputs bit for bit.
-The written model keeps its initializers as they are.
+them repeats of a few values. onnxruntime spends about 0.1 ms per initializer opening a session:
+--verify's session on that model opened in 4.7-4.9 CPU s, 3.9 with the repeats merged (merging
+included; docs/SCALE.md, 2026-11-29). Readers of an equal constant read the same values either way,
+so the session computes the same outputs bit for bit. The written model keeps its initializers
+as they are.
 """
 from __future__ import annotations
 
