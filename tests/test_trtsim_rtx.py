@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 import pytest
 
 import motifs
@@ -235,3 +236,63 @@ def test_an_fp8_kernel_that_only_scales_and_casts_is_a_standalone_quantize():
     a, b = listing.parse_listing([line, cast_only]).layers
     assert a.kind == "quantize" and a.qdq_reformat and a.outputs == [("q", "fp8")]
     assert b.kind != "quantize" and not b.qdq_reformat
+
+
+def cast_then_conv():
+    """An FP16 input cast to float32, then a convolution: the Q of its input follows the Cast."""
+    g = motifs.G("cast_then_conv")
+    x = g.node("Cast", [g.input("x", [1, 16, 32, 32], TensorProto.FLOAT16)], name="to_float", to=TensorProto.FLOAT)
+    g.node("Relu", [g.conv(x, 16, 16, "c1")], ["y"], name="act")
+    g.output("y")
+    return g.model()
+
+
+def one_hot_gemm():
+    """A one-hot (Equal, then a Cast to float) read by a MatMul, as magika's first layer."""
+    g = motifs.G("one_hot_gemm")
+    hot = g.node("Equal", [g.input("x", [64, 1], TensorProto.INT64),
+                           g.const("classes", np.arange(32, dtype=np.int64).reshape(1, 32))], name="eq")
+    f = g.node("Cast", [hot], name="to_float", to=TensorProto.FLOAT)
+    g.node("MatMul", [f, g.weight("emb", (32, 64))], ["y"], name="embed")
+    g.output("y")
+    return g.model()
+
+
+# the model, and whether TensorRT for RTX rounds the Q after its Cast in the Cast's own kernel
+CASES = {"cast-of-input": (cast_then_conv, False), "one-hot": (one_hot_gemm, True)}
+
+
+def _quantized(model):
+    """`model` quantized for datacenter TensorRT on data of its inputs' types (an FP16 input, class
+    indices below 32 for an integer one)."""
+    rng = np.random.default_rng(0)
+    data = {}
+    for i in model.graph.input:
+        shape = [8] + [d.dim_value for d in i.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        data[i.name] = (rng.integers(0, 32, shape) if np.issubdtype(dtype, np.integer) else rng.standard_normal(shape)).astype(dtype)
+    return qdqgraph.quantize(model, data, target="tensorrt").model
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_q_after_a_cast_of_a_computed_value_rounds_in_its_kernel_on_rtx(case):
+    """A Cast of what another op computed (a one-hot's Equal) rounds its output in its generated
+    kernel on TensorRT for RTX; a Cast of a graph input folds into the Q, a standalone quantize."""
+    build, absorbed = CASES[case]
+    m = _quantized(build())
+    q = next(n.name for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "to_float_out")
+    assert q in [x.name for x in simulate(m).reformats]            # datacenter TensorRT: a reformat of its own
+    rtx = simulate(m, target="tensorrt-rtx")
+    assert (q not in [x.name for x in rtx.reformats]) == absorbed, rtx.table()
+    assert bool(rtx.explain("RTX-float-pointwise-q", q)[0]) == absorbed
+
+
+@pytest.mark.skipif(not HAVE_RTX, reason="needs TensorRT for RTX: pip install 'qdqgraph[rtx]'")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_q_after_a_cast_compiles_as_predicted(case, tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(_quantized(CASES[case][0]()), path)
+    assert main(["build", str(path), "-o", str(tmp_path / "m.engine"), "--layer-info", str(tmp_path / "l.json"),
+                 "--quiet"]) == 0
+    check = json.loads((tmp_path / "l.json").read_text())["check"]
+    assert check["reformats"]["predicted"] == check["reformats"]["compiled"] == (0 if CASES[case][1] else 1), check

@@ -268,8 +268,30 @@ def c_pointwise_layer(ctx, node, arg):
 
 def generated_layer(g, layer: LayerBuild) -> bool:
     """Whether a generated kernel computes `layer`: its anchor is elementwise math, an activation
-    or a LayerNorm (`pointwise_layer`)."""
+    or a LayerNorm (`pointwise_layer`), or a Cast of something computed. TensorRT for RTX computes
+    magika's one-hot (Reshape, Equal, Cast) and the Q after it in one pointwise kernel
+    (__myl_ReshEqlCastMulMinMaxRounConcCast); a Cast of a graph input (through Casts only) folds into
+    the Q that follows it, a standalone quantize (ViT-S's input, __myl_CastMulMinMaxRounCastConc).
+    Not modelled: an LSTM's gate kernel rounds the Q after it once the LSTM runs as a loop (one-way
+    LSTMs of 16 to 64 steps, ddddocr's of 24), not when it is unrolled (4 and 8 steps: a standalone
+    quantize)."""
+    if g.vocab.is_(layer.anchor, "cast"):
+        return _casts_a_computed_value(g, layer.anchor)
     return any(g.vocab.is_(layer.anchor, c) for c in ("elementwise", "epilogue", "layernorm"))
+
+
+def _casts_a_computed_value(g, cast) -> bool:
+    """Whether, back through Casts, the Cast `cast` reads the output of another op (not a graph
+    input or a constant)."""
+    node = cast
+    for _ in range(8):
+        p = g.producer(node.inputs[0]) if node.inputs and node.inputs[0] else None
+        if p is None:
+            return False
+        if not g.vocab.is_(p, "cast"):
+            return True
+        node = p
+    return False
 
 
 @CONDITIONS.register("generated_epilogue")
