@@ -510,7 +510,7 @@ def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, calib) -> 
         return False
     if cfg.output_aware:
         return True
-    view = GraphView(loaded.graph)
+    view = GraphView(loaded.graph, lazy=True)       # read only: the graph stays as it is
     if any(view.vocab.is_(n, "layernorm") for n in view.nodes) or \
             any((d.rule or "").startswith("P10-layernorm") for d in plan.decisions.values()):
         return True

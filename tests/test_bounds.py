@@ -192,3 +192,30 @@ def test_a_constants_bound_is_its_max_abs_in_float64(dtype):
         want = float(np.max(np.abs(c.values.astype(np.float64)))) if c.values.size else 0.0
         got = Bounds(GraphView(g)).of(c)
         assert got == want or (np.isnan(got) and np.isnan(want)), (dtype, k, got, want)
+
+
+@pytest.mark.parametrize("scale, zero_point", [
+    (np.float32(0.0173), np.int8(0)), (np.float32(0.5), np.int8(-3)), (np.float32(0.25), np.uint8(128)),
+    (np.float16(0.1), None), (np.float32(-0.5), np.int8(0)), (np.array([[0.02]], np.float32), np.array([[5]], np.int8)),
+    (np.float32(np.inf), np.int8(0)), (np.float32(np.nan), np.int8(0)),
+    (np.array([0.1, 0.3], np.float32), np.array([0, 0], np.int8)), (np.array([0.1, 0.3], np.float32), np.int8(2)),
+])
+def test_dequantize_bound_is_numpys_float64_figure(scale, zero_point):
+    """A DQ's bound (one scale and zero point read as Python floats) is the float64 figure numpy's
+    reductions give, to the bit."""
+    import onnx_graphsurgeon as gs
+    q = gs.Variable("q", np.int8 if zero_point is None else np.asarray(zero_point).dtype, (1, 4))
+    y = gs.Variable("y", np.float32, (1, 4))
+    ins = [q, gs.Constant("s", np.asarray(scale))]
+    if zero_point is not None:
+        ins.append(gs.Constant("z", np.asarray(zero_point)))
+    node = gs.Node("DequantizeLinear", "dq", inputs=ins, outputs=[y])
+    got = Bounds(GraphView(gs.Graph(nodes=[node], inputs=[q], outputs=[y], opset=19)))._dequantize(node)
+    s = np.asarray(scale, np.float64)
+    if not np.all(np.isfinite(s)):
+        assert got == math.inf
+        return
+    info = np.iinfo(np.asarray(zero_point).dtype if zero_point is not None else np.uint8)
+    z = np.asarray(zero_point, np.float64) if zero_point is not None else np.zeros(1)
+    want = float(np.max(np.maximum(np.abs(info.max - z), np.abs(z - info.min)))) * float(np.max(np.abs(s)))
+    assert got == want

@@ -345,3 +345,29 @@ def test_a_described_pass_shows_in_the_summary_and_the_json():
         assert report.to_dict()["made_up"] == 7 and report.made_up == 7
     finally:
         del DESCRIPTIONS["made_up_pass"]
+
+
+@pytest.mark.parametrize("scale, zero_point, bad_scale, bad_zero", [
+    (np.float32(0.5), np.int8(0), False, False),
+    (np.array([0.5], np.float32), np.array([0], np.int8), False, False),
+    (np.float16(0.25), None, False, False),
+    (np.float32(0.0), np.int8(0), True, False),
+    (np.float32(-1.0), np.int8(0), True, False),
+    (np.float32(np.nan), np.int8(0), True, False),
+    (np.float64(np.inf), np.int8(0), True, False),
+    (np.float32(1e-30), np.int8(3), False, True),
+    (np.array([[2.0]], np.float32), np.array([[-1]], np.int8), False, True),
+])
+def test_qdq_violations_reads_one_value_scales_and_zero_points(scale, zero_point, bad_scale, bad_zero):
+    """One-value scales and zero points (read as Python numbers) give what numpy's checks gave."""
+    import onnx_graphsurgeon as gs
+    x = gs.Variable("x", np.float32, (1, 4))
+    q_out = gs.Variable("q", np.int8, (1, 4))
+    y = gs.Variable("y", np.float32, (1, 4))
+    s = gs.Constant("s", np.asarray(scale))
+    ins = [x, s] + ([gs.Constant("z", np.asarray(zero_point))] if zero_point is not None else [])
+    nodes = [gs.Node("QuantizeLinear", "q0", inputs=ins, outputs=[q_out]),
+             gs.Node("DequantizeLinear", "dq0", inputs=[q_out, *ins[1:]], outputs=[y])]
+    found = qdq_violations(gs.Graph(nodes=nodes, inputs=[x], outputs=[y], opset=19))
+    assert sum("not finite and > 0" in f for f in found) == (2 if bad_scale else 0), found
+    assert sum("zero point is not 0" in f for f in found) == (2 if bad_zero else 0), found

@@ -68,3 +68,34 @@ quantize = [{ input = "all", kind = "activation" }]
 def test_report_refuses_missing_model(capsys):
     assert main(["report", "/nonexistent/model.onnx"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_report_to_dict_is_what_asdict_makes(tmp_path):
+    """InsertReport.to_dict copies its fields as dataclasses.asdict did (containers copied, nested
+    dataclasses and tuples as asdict makes them), without asdict's walk."""
+    from collections import OrderedDict
+    from dataclasses import asdict, dataclass
+
+    from qdqgraph.report import InsertReport
+
+    @dataclass
+    class Inner:
+        a: int
+        b: tuple
+
+    m = motifs.residual_add()
+    report = qdqgraph.quantize(m, motifs.sample_data(m)).report
+    report.fallback = {"x": [1, 2.5, None, True, ("t", Inner(1, (2, 3)))], "y": Inner(4, ()),
+                       "z": OrderedDict(k=[Inner(5, ("u",))]), "n": np.float32(1.5)}
+    got = report.to_dict()
+    want = asdict(report)
+    for name in ("passes", "stages"):
+        del got[name], want[name]
+    got.pop("profile")
+    for name in list(got):
+        if name not in want:            # the passes' fields, read by to_dict after the copy
+            del got[name]
+    assert got == want and list(got) == list(want)
+    assert got["sites"] is not report.sites and got["sites"][0] is not report.sites[0]
+    assert got["fallback"]["y"] == {"a": 4, "b": ()} and type(got["fallback"]["z"]) is OrderedDict
+    assert json.loads(report.to_json())["fallback"]["x"][4] == ["t", {"a": 1, "b": [2, 3]}]

@@ -78,14 +78,24 @@ def tensor_map(graph: gs.Graph) -> dict[str, gs.Tensor]:
 
 
 class GraphView:
-    def __init__(self, graph: gs.Graph, vocab: Vocabulary | None = None):
+    def __init__(self, graph: gs.Graph, vocab: Vocabulary | None = None, *, lazy: bool = False):
+        """`lazy`: the name -> tensor map (`tensors`) made when first asked, not now: for a caller
+        that never asks it (nor `dtype`, `is_float`, `named`, ... which read it), or asks only
+        while the graph is as it was here; 40 ms saved per view on a 26,000-node graph."""
         self.graph = graph
         self.vocab = vocab or vocabulary()
         self.nodes = list(graph.nodes)
-        self.tensors = tensor_map(graph)
         self.outputs = {t.name for t in graph.outputs}
         self.inputs = {t.name for t in graph.inputs}
         self.memo: dict = {}        # what walks over this view found, by the walk's name
+        if not lazy:
+            self.__dict__["tensors"] = tensor_map(graph)
+
+    @cached_property
+    def tensors(self) -> dict[str, gs.Tensor]:
+        """name -> tensor (`tensor_map`) of the graph as it was when the view was made (a view
+        made with `lazy`: when first asked)."""
+        return tensor_map(self.graph)
 
     # ------------------------------------------------------------------ structure
 

@@ -78,7 +78,7 @@ def fold_batchnorm(graph: gs.Graph) -> PassResult:
     folded: list[str] = []
     kept: list[tuple[str, str]] = []
     io.toposort(graph)
-    view = GraphView(graph)
+    view = GraphView(graph, lazy=True)      # asks producers, consumers and constants only
     for bn in [n for n in view.nodes if view.vocab.is_(n, "batchnorm")]:
         op, why = _why_not(view, bn)
         if op is None:

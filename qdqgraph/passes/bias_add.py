@@ -30,7 +30,7 @@ def bias_to_add(graph: gs.Graph) -> PassResult:
     """Move each constant bias of a Conv/ConvTranspose/Gemm whose activation and weight inputs are
     dequantized into an Add after the op, in place."""
     vocab = vocabulary()
-    view = GraphView(graph, vocab)
+    view = GraphView(graph, vocab, lazy=True)       # asks producers only
     taken = set(tensor_map(graph))
     moved = []
     for node in list(graph.nodes):
@@ -65,7 +65,7 @@ def fold_bias_adds(graph: gs.Graph) -> int:
     reader is an Add of a constant that varies along the output channels only becomes the op with that
     bias, in place. Returns how many were folded (strip uses it to give back the float graph)."""
     vocab = vocabulary()
-    view = GraphView(graph, vocab)
+    view = GraphView(graph, vocab, lazy=True)       # asks consumers and graph outputs only
     taken = set(tensor_map(graph))
     folded = 0
     for node in list(graph.nodes):

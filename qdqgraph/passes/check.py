@@ -1,6 +1,8 @@
 """Q/DQ invariants that every qdqgraph output must keep, and that `report` lints in any model."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -29,7 +31,7 @@ def _node_violations(view: GraphView, n: gs.Node) -> list[str]:
     if s is None:
         return [f"{where}: scale is not a constant"]
     out = []
-    if not np.all(np.isfinite(s)) or not np.all(s > 0):
+    if not _scale_ok(s):
         out.append(f"{where}: scale has a value that is not finite and > 0")
     qtype, found = _zero_point_violations(view, n, where)
     out += found
@@ -47,9 +49,25 @@ def _zero_point_violations(view: GraphView, n: gs.Node, where: str) -> tuple[np.
     z = view.constant_value(n.inputs[2])
     if z is None or np.dtype(z.dtype) not in ZERO_POINT_TYPES:
         return None, [f"{where}: zero point is not an int8, float8e4m3fn or int4 constant"]
-    if np.any(z.astype(np.float32) != 0):
+    if _nonzero(z):
         return np.dtype(z.dtype), [f"{where}: zero point is not 0 (TensorRT is symmetric only)"]
     return np.dtype(z.dtype), []
+
+
+def _scale_ok(s: np.ndarray) -> bool:
+    """Every value finite and > 0; a one-value float32/float16/float64 scale, the common case, read
+    as a Python float (numpy's reductions cost 10 us a call, and a large model has thousands)."""
+    if s.size == 1 and s.dtype.kind == "f":
+        v = float(s.reshape(-1)[0])
+        return math.isfinite(v) and v > 0
+    return bool(np.all(np.isfinite(s))) and bool(np.all(s > 0))
+
+
+def _nonzero(z: np.ndarray) -> bool:
+    """A value other than 0 in the zero point (one int8 value read as a Python int)."""
+    if z.size == 1 and z.dtype.kind in "iu":
+        return int(z.reshape(-1)[0]) != 0
+    return bool(np.any(z.astype(np.float32) != 0))
 
 
 def _axis_violations(view: GraphView, n: gs.Node, where: str, s: np.ndarray) -> list[str]:

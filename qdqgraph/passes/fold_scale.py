@@ -151,7 +151,7 @@ def fold_scalar_scales(graph: gs.Graph) -> PassResult:
     """Fold every Mul/Div by a constant scalar whose input a linear layer makes and whose output
     GEMMs read (see the module doc). Modifies `graph`; details: `folded` ([Mul, the layer it went
     into])."""
-    view = GraphView(graph)
+    view = GraphView(graph, lazy=True)      # asks producers, consumers and constants only
     folded: list[tuple[str, str]] = []
     for node in list(view.nodes):
         found = _scalar(view, node)

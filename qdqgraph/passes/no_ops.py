@@ -42,7 +42,7 @@ def remove_no_ops(graph: gs.Graph) -> PassResult:
     """Rewire every consumer of a removable no-op to the no-op's input. Modifies `graph`; details:
     `removed` (node names)."""
     removed: list[str] = []
-    view = GraphView(graph)
+    view = GraphView(graph, lazy=True)      # asks consumers, graph outputs and constants only
     for n in list(view.nodes):
         if not _removable(view, n):
             continue

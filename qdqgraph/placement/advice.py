@@ -36,7 +36,7 @@ def _little(plan: Plan, summary: dict | None) -> str | None:
 def weighted_ops(graph: gs.Graph) -> tuple[Counter, Counter]:
     """The weighted ops (Conv, Gemm, MatMul, ...) by op type: (in the graph, inside If/Loop bodies that
     hold no quantize node: a branch quantized from its samples is not float compute)."""
-    view = GraphView(graph)
+    view = GraphView(graph, lazy=True)      # the op types only
     top = Counter(n.op for n in view.nodes if view.vocab.is_(n, "weighted"))
     inside = Counter(n.op for sub in graph.subgraphs(recursive=True) for n in sub.nodes
                      if view.vocab.is_(n, "weighted") and not any(view.vocab.is_(m, "quantize") for m in sub.nodes))

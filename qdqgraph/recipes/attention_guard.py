@@ -25,7 +25,7 @@ from ..graph.view import GraphView
 
 def attention_gemms(graph: gs.Graph, plan: Plan) -> list[str]:
     """The quantized nodes of `plan` that are the first or second GEMM of an attention block."""
-    g = GraphView(graph).named()
+    g = GraphView(graph, lazy=True).named()        # read only: the graph stays as it is
     nodes = {n.name: n for n in graph.nodes}
     return sorted(name for name in plan.quantized_nodes()
                   if name in nodes and g.vocab.is_(nodes[name], "matmul") and attention.of(g, nodes[name]) is not None)

@@ -58,7 +58,7 @@ class Layer:
 def candidates(graph: gs.Graph, plan: Plan) -> list[Layer]:
     """The quantized grouped convolutions of `plan` with few input channels per group, their input
     and weight quantized and their weight and bias constant."""
-    view = GraphView(graph)
+    view = GraphView(graph, lazy=True)      # read only: op types and constants
     acts = {e: s for s in plan.activation_sites() for e in s.edges}
     weights = {e: s for s in plan.weight_sites() for e in s.edges}
     nodes = {n.name: n for n in graph.nodes}
