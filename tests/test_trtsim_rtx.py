@@ -258,8 +258,25 @@ def one_hot_gemm():
     return g.model()
 
 
-# the model, and whether TensorRT for RTX rounds the Q after its Cast in the Cast's own kernel
-CASES = {"cast-of-input": (cast_then_conv, False), "one-hot": (one_hot_gemm, True)}
+def lstm_then_gemm(steps):
+    """A one-way LSTM of `steps` steps whose output a linear layer reads through a Reshape (the Q
+    of the GEMM's input follows the Reshape, which the prediction, as the compiler, moves it past)."""
+    g = motifs.G("lstm_then_gemm")
+    hidden = 64
+    y = g.node("LSTM", [g.input("x", [steps, 1, 16]), g.weight("W", (1, 4 * hidden, 16)),
+                        g.weight("R", (1, 4 * hidden, hidden))], ["seq"], name="lstm", hidden_size=hidden)
+    flat = g.node("Reshape", [y, g.const("shape", np.array([steps, hidden], np.int64))], name="flat")
+    g.node("MatMul", [flat, g.weight("fc.w", (hidden, 64))], ["y"], name="fc")
+    g.output("y")
+    return g.model()
+
+
+# the model, the tensor its Q reads, and the rule by which TensorRT for RTX rounds that Q in the
+# kernel that computes the tensor (None: a standalone quantize); measured with 1.7.1.116
+CASES = {"cast-of-input": (cast_then_conv, "to_float_out", None),
+         "one-hot": (one_hot_gemm, "to_float_out", "RTX-float-pointwise-q"),
+         "lstm-8-steps": (lambda: lstm_then_gemm(8), "flat_out", None),
+         "lstm-16-steps": (lambda: lstm_then_gemm(16), "flat_out", "RTX-recurrent-loop-q")}
 
 
 def _quantized(model):
@@ -275,24 +292,39 @@ def _quantized(model):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_q_after_a_cast_of_a_computed_value_rounds_in_its_kernel_on_rtx(case):
+def test_the_q_after_a_cast_or_an_lstm_rounds_where_the_compiler_does(case):
     """A Cast of what another op computed (a one-hot's Equal) rounds its output in its generated
-    kernel on TensorRT for RTX; a Cast of a graph input folds into the Q, a standalone quantize."""
-    build, absorbed = CASES[case]
+    kernel on TensorRT for RTX, a Cast of a graph input folds into a standalone quantize; an LSTM run
+    as a loop rounds in its last gate kernel, an unrolled one (8 steps) has its Q run alone."""
+    build, tensor, rule = CASES[case]
     m = _quantized(build())
-    q = next(n.name for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "to_float_out")
+    q = next(n.name for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
     assert q in [x.name for x in simulate(m).reformats]            # datacenter TensorRT: a reformat of its own
     rtx = simulate(m, target="tensorrt-rtx")
-    assert (q not in [x.name for x in rtx.reformats]) == absorbed, rtx.table()
-    assert bool(rtx.explain("RTX-float-pointwise-q", q)[0]) == absorbed
+    assert (q in [x.name for x in rtx.reformats]) == (rule is None), rtx.table()
+    if rule is not None:
+        assert rtx.explain(rule, q)[0]
 
 
 @pytest.mark.skipif(not HAVE_RTX, reason="needs TensorRT for RTX: pip install 'qdqgraph[rtx]'")
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_q_after_a_cast_compiles_as_predicted(case, tmp_path):
+def test_the_q_after_a_cast_or_an_lstm_compiles_as_predicted(case, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(_quantized(CASES[case][0]()), path)
     assert main(["build", str(path), "-o", str(tmp_path / "m.engine"), "--layer-info", str(tmp_path / "l.json"),
                  "--quiet"]) == 0
     check = json.loads((tmp_path / "l.json").read_text())["check"]
-    assert check["reformats"]["predicted"] == check["reformats"]["compiled"] == (0 if CASES[case][1] else 1), check
+    assert check["reformats"]["predicted"] == check["reformats"]["compiled"] == (1 if CASES[case][2] is None else 0), check
+
+
+def test_an_lstm_of_unknown_length_is_predicted_as_a_loop():
+    """A symbolic sequence length (ddddocr's, known only at build) counts as a loop: its Q rounds in
+    the gate kernel; the same model with 8 steps declared has its Q run alone."""
+    m = _quantized(lstm_then_gemm(8))
+    q = next(n.name for n in m.graph.node if n.op_type == "QuantizeLinear")
+    assert q in [x.name for x in simulate(m, target="tensorrt-rtx").reformats]
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "steps"
+    del m.graph.value_info[:]                  # the shapes inferred again from the symbolic input
+    rtx = simulate(m, target="tensorrt-rtx")
+    assert q not in [x.name for x in rtx.reformats], rtx.table()
+    assert rtx.explain("RTX-recurrent-loop-q", q)[0]

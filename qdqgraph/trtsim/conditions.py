@@ -272,9 +272,7 @@ def generated_layer(g, layer: LayerBuild) -> bool:
     magika's one-hot (Reshape, Equal, Cast) and the Q after it in one pointwise kernel
     (__myl_ReshEqlCastMulMinMaxRounConcCast); a Cast of a graph input (through Casts only) folds into
     the Q that follows it, a standalone quantize (ViT-S's input, __myl_CastMulMinMaxRounCastConc).
-    Not modelled: an LSTM's gate kernel rounds the Q after it once the LSTM runs as a loop (one-way
-    LSTMs of 16 to 64 steps, ddddocr's of 24), not when it is unrolled (4 and 8 steps: a standalone
-    quantize)."""
+    An LSTM's gates round the Q after it only where it runs as a loop (`recurrent_loop`)."""
     if g.vocab.is_(layer.anchor, "cast"):
         return _casts_a_computed_value(g, layer.anchor)
     return any(g.vocab.is_(layer.anchor, c) for c in ("elementwise", "epilogue", "layernorm"))
@@ -292,6 +290,26 @@ def _casts_a_computed_value(g, cast) -> bool:
             return True
         node = p
     return False
+
+
+@CONDITIONS.register("recurrent_loop")
+def c_recurrent_loop(ctx, node, arg):
+    """The layer is a recurrent op (class `recurrent`) whose own output the node reads, over more
+    than `arg` steps or a step count unknown here (a symbolic sequence length): TensorRT for RTX runs
+    it as a loop, whose last gate kernel can round as it writes; a shorter one it unrolls."""
+    layer = ctx.layer
+    if layer is None:
+        return miss("not reached from a layer")
+    g, anchor = ctx.graph, layer.anchor
+    if not g.vocab.is_(anchor, "recurrent"):
+        return miss(f"{_desc(anchor)} is not recurrent")
+    if layer.out not in anchor.outputs:
+        return miss(f"it reads {layer.out}, not {_desc(anchor)}'s own output")
+    t = g.tensors.get(anchor.inputs[0]) if anchor.inputs else None
+    steps = t.shape[0] if t is not None and t.shape else None
+    if isinstance(steps, (int, np.integer)) and steps <= int(arg):
+        return miss(f"{steps} steps: unrolled")
+    return hit(f"{steps if isinstance(steps, (int, np.integer)) else 'an unknown number of'} steps: a loop")
 
 
 @CONDITIONS.register("generated_epilogue")
