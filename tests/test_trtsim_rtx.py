@@ -52,20 +52,42 @@ def test_a_pool_of_a_shared_tensor_runs_float_and_its_q_alone_on_rtx_only(se):
     assert absorbed and not any(e["rule"] == "RTX-dq-into-float" for e in dc.events)
 
 
-def pool_head():
-    """conv -> relu -> GlobalAveragePool -> 1x1 conv: the pool alone reads the relu (a ResNet head)."""
+def pool_head(reader="conv"):
+    """conv -> relu -> GlobalAveragePool read by a 1x1 conv, or by Flatten -> Gemm (a ResNet's
+    head): the pool alone reads the relu."""
     g = motifs.G("pool_head")
-    x = g.node("Relu", [g.conv(g.input("x", ["n", 16, 8, 8]), 16, 32, "conv")], name="relu")
+    x = g.node("Relu", [g.conv(g.input("x", [8, 16, 8, 8]), 16, 32, "conv")], name="relu")
     p = g.node("GlobalAveragePool", [x], name="gap")
-    g.node("Conv", [p, g.weight("fc.w", (16, 32, 1, 1))], ["y"], name="fc", kernel_shape=[1, 1])
+    if reader == "conv":
+        g.node("Conv", [p, g.weight("fc.w", (16, 32, 1, 1))], ["y"], name="fc", kernel_shape=[1, 1])
+    else:
+        g.node("Gemm", [g.node("Flatten", [p], name="flat"), g.weight("fc.w", (16, 32))], ["y"], name="fc", transB=1)
     g.output("y")
     return g.model()
 
 
-def test_a_pool_read_by_nothing_else_stays_int8_on_rtx():
-    rtx = simulate(quantized(pool_head(), "tensorrt"), target="tensorrt-rtx")
-    assert rtx.explain("F4-pool", "gap")[0], rtx.table()
-    assert [x.name for x in rtx.reformats] == ["x_q"]
+@pytest.mark.parametrize("reader,standalone", [("gemm", ["x_q"]), ("conv", ["x_q", "gap_out_q"])])
+def test_a_pool_read_by_nothing_else_stays_int8_on_rtx_where_a_gemm_reads_it(reader, standalone):
+    """TensorRT for RTX 1.7.1.116 computes such a pool in the generated kernel after the conv; read
+    by a GEMM, that kernel rounds its output (INT8 pooling, F4-pool); read by a 1x1 conv, it stops at
+    the clamp and __myl_MaxRounCast rounds alone."""
+    m = quantized(pool_head(reader), "tensorrt")
+    rtx = simulate(m, target="tensorrt-rtx")
+    q = next(n.name for n in m.graph.node if n.op_type == "QuantizeLinear" and n.name != "x_q" and
+             "relu" not in n.name)
+    assert [x.name for x in rtx.reformats] == [s if s == "x_q" else q for s in standalone], rtx.table()
+    assert bool(rtx.explain("F4-pool", "gap")[0]) == (reader == "gemm")
+
+
+@pytest.mark.skipif(not HAVE_RTX, reason="needs TensorRT for RTX: pip install 'qdqgraph[rtx]'")
+@pytest.mark.parametrize("reader", ["gemm", "conv"])
+def test_a_pool_head_compiles_as_predicted(reader, tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(quantized(pool_head(reader), "tensorrt"), path)
+    assert main(["build", str(path), "-o", str(tmp_path / "m.engine"), "--layer-info", str(tmp_path / "l.json"),
+                 "--quiet"]) == 0
+    check = json.loads((tmp_path / "l.json").read_text())["check"]
+    assert check["reformats"]["predicted"] == check["reformats"]["compiled"] == (1 if reader == "gemm" else 2), check
 
 
 def test_rtx_placement_keeps_the_squeeze_excite_branch_float(se):

@@ -353,6 +353,52 @@ def c_input_shared(ctx, node, arg):
     return miss("no other op reads its input")
 
 
+@CONDITIONS.register("q_read_by_gemm")
+def c_q_read_by_gemm(ctx, node, arg):
+    """The Q after the op is read, through its DQ and data-movement ops only, by GEMMs (MatMul, Gemm),
+    none of them a convolution."""
+    g = ctx.graph
+    outs = [o for o in node.outputs if o]
+    qs = [c for c, _ in g.data_consumers(outs[0])] if outs else []
+    if len(qs) != 1 or qs[0].role != Q:
+        return miss("its output is not quantized once")
+    readers, todo, seen = [], [qs[0].outputs[0]], 0
+    while todo and seen < 16:
+        t, seen = todo.pop(), seen + 1
+        for c, _ in g.data_consumers(t):
+            if c.role == DQ or g.vocab.is_(c, "copy"):
+                todo.extend(o for o in c.outputs if o)
+            else:
+                readers.append(c)
+    if readers and all(g.vocab.is_(c, "gemm") or g.vocab.is_(c, "matmul") for c in readers):
+        return hit(f"read by {', '.join(_desc(c) for c in readers[:2])}")
+    return miss(f"read by {', '.join(_desc(c) for c in readers[:2]) or 'nothing'}")
+
+
+@CONDITIONS.register("fed_by_weighted_epilogue")
+def c_fed_by_weighted_epilogue(ctx, node, arg):
+    """The op's dequantized input is the quantized output of a convolution or GEMM through its
+    epilogue (bias, activation, residual Add: elementwise and activation ops only), so that a
+    generated kernel after that layer can compute this op too."""
+    g = ctx.graph
+    ins = g.data_inputs(node)
+    dq = g.producer(ins[0]) if ins else None
+    q = g.producer(dq.inputs[0]) if dq is not None and dq.role == DQ else None
+    if q is None or q.role != Q:
+        return miss("its input is not a dequantized Q output")
+    p = g.producer(q.inputs[0])
+    for _ in range(6):
+        if p is None:
+            break
+        if g.vocab.is_(p, "weighted"):
+            return hit(f"{_desc(p)} writes it through its epilogue")
+        if not (g.vocab.is_(p, "elementwise") or g.vocab.is_(p, "epilogue")):
+            break
+        data = [t for t in g.data_inputs(p) if not g.is_const(t)]
+        p = g.producer(data[0]) if data else None
+    return miss(f"{_desc(p) if p is not None else 'a graph input'} writes it, not a convolution's or GEMM's epilogue")
+
+
 # ---------------------------------------------------------------------------- epilogues (F2, F3)
 
 @CONDITIONS.register("sole_consumer")
