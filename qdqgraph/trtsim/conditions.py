@@ -386,17 +386,17 @@ def c_fed_by_weighted_epilogue(ctx, node, arg):
     q = g.producer(dq.inputs[0]) if dq is not None and dq.role == DQ else None
     if q is None or q.role != Q:
         return miss("its input is not a dequantized Q output")
-    p = g.producer(q.inputs[0])
-    for _ in range(6):
+    first = g.producer(q.inputs[0])
+    todo, seen = [first], 0
+    while todo and seen < 12:          # back through the epilogue, every operand of a residual Add
+        p, seen = todo.pop(), seen + 1
         if p is None:
-            break
+            continue
         if g.vocab.is_(p, "weighted"):
             return hit(f"{_desc(p)} writes it through its epilogue")
-        if not (g.vocab.is_(p, "elementwise") or g.vocab.is_(p, "epilogue")):
-            break
-        data = [t for t in g.data_inputs(p) if not g.is_const(t)]
-        p = g.producer(data[0]) if data else None
-    return miss(f"{_desc(p) if p is not None else 'a graph input'} writes it, not a convolution's or GEMM's epilogue")
+        if g.vocab.is_(p, "elementwise") or g.vocab.is_(p, "epilogue"):
+            todo.extend(g.producer(t) for t in g.data_inputs(p) if not g.is_const(t))
+    return miss(f"{_desc(first) if first is not None else 'a graph input'} writes it, not a convolution's or GEMM's epilogue")
 
 
 # ---------------------------------------------------------------------------- epilogues (F2, F3)
