@@ -293,12 +293,24 @@ def lstm_then_gemm(steps):
     return g.model()
 
 
+def scaled_input():
+    """A graph input multiplied by a per-channel constant (a smoothing no producer could take), then
+    a MatMul, as the Whisper decoder's encoder_hidden_states."""
+    g = motifs.G("scaled_input")
+    x = g.node("Mul", [g.input("x", [64, 128]), g.const("s", np.linspace(0.5, 2, 128).astype(np.float32))],
+               name="smooth")
+    g.node("MatMul", [x, g.weight("w", (128, 64))], ["y"], name="mm")
+    g.output("y")
+    return g.model()
+
+
 # the model, the tensor its Q reads, and the rule by which TensorRT for RTX rounds that Q in the
 # kernel that computes the tensor (None: a standalone quantize); measured with 1.7.1.116
 CASES = {"cast-of-input": (cast_then_conv, "to_float_out", None),
          "one-hot": (one_hot_gemm, "to_float_out", "RTX-float-pointwise-q"),
          "lstm-8-steps": (lambda: lstm_then_gemm(8), "flat_out", None),
-         "lstm-16-steps": (lambda: lstm_then_gemm(16), "flat_out", "RTX-recurrent-loop-q")}
+         "lstm-16-steps": (lambda: lstm_then_gemm(16), "flat_out", "RTX-recurrent-loop-q"),
+         "scaled-input": (scaled_input, "smooth_out", None)}
 
 
 def _quantized(model):
@@ -314,10 +326,11 @@ def _quantized(model):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_q_after_a_cast_or_an_lstm_rounds_where_the_compiler_does(case):
+def test_the_q_after_a_cast_an_lstm_or_a_scaled_input_rounds_where_the_compiler_does(case):
     """A Cast of what another op computed (a one-hot's Equal) rounds its output in its generated
-    kernel on TensorRT for RTX, a Cast of a graph input folds into a standalone quantize; an LSTM run
-    as a loop rounds in its last gate kernel, an unrolled one (8 steps) has its Q run alone."""
+    kernel on TensorRT for RTX, a Cast of a graph input folds into a standalone quantize, as does a
+    graph input's Mul by a constant (into the Q's scale: __myl_CastMulMinMaxRounCast); an LSTM run as
+    a loop rounds in its last gate kernel, an unrolled one (8 steps) has its Q run alone."""
     build, tensor, rule = CASES[case]
     m = _quantized(build())
     q = next(n.name for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
@@ -330,7 +343,7 @@ def test_the_q_after_a_cast_or_an_lstm_rounds_where_the_compiler_does(case):
 
 @pytest.mark.skipif(not HAVE_RTX, reason="needs TensorRT for RTX: pip install 'qdqgraph[rtx]'")
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_q_after_a_cast_or_an_lstm_compiles_as_predicted(case, tmp_path):
+def test_the_q_after_a_cast_an_lstm_or_a_scaled_input_compiles_as_predicted(case, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(_quantized(CASES[case][0]()), path)
     assert main(["build", str(path), "-o", str(tmp_path / "m.engine"), "--layer-info", str(tmp_path / "l.json"),

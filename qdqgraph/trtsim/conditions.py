@@ -312,6 +312,32 @@ def c_recurrent_loop(ctx, node, arg):
     return hit(f"{steps if isinstance(steps, (int, np.integer)) else 'an unknown number of'} steps: a loop")
 
 
+@CONDITIONS.register("scales_a_graph_input")
+def c_scales_a_graph_input(ctx, node, arg):
+    """The layer is a Mul of a graph input (through Casts only) by a constant (a smoothing that no
+    producer could take): TensorRT for RTX folds the constant into the scale of the Q after it,
+    and that kernel only quantizes (the Whisper tiny.en decoder's encoder_hidden_states:
+    __myl_CastMulMinMaxRounCast)."""
+    layer = ctx.layer
+    if layer is None:
+        return miss("not reached from a layer")
+    g, anchor = ctx.graph, layer.anchor
+    if not g.vocab.is_(anchor, "mul") or any(m is not anchor and not g.vocab.is_(m, "cast") for m in layer.members):
+        return miss(f"{_desc(anchor)} is not a Mul alone")
+    data = [t for t in anchor.inputs if t and not g.is_const(t)]
+    if len(data) != 1:
+        return miss(f"{_desc(anchor)} multiplies two activations")
+    t = data[0]
+    for _ in range(8):
+        p = g.producer(t)
+        if p is None:
+            return hit(f"{_desc(anchor)} scales the graph input {t}") if t in g.inputs else miss(f"{t} is a constant")
+        if not g.vocab.is_(p, "cast"):
+            return miss(f"{_desc(p)} computes its input")
+        t = p.inputs[0]
+    return miss("a chain of Casts")
+
+
 @CONDITIONS.register("generated_epilogue")
 def c_generated_epilogue(ctx, node, arg):
     """The layer needs a generated kernel after its convolution or GEMM, in which a trailing Q can

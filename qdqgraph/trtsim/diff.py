@@ -208,10 +208,11 @@ def kernel_agreement(sim: SimReport, engine: EngineReport) -> KernelAgreement:
 def standalone_kernels(sim: SimReport, engine: EngineReport) -> list[EngineLayer]:
     """The compiled engine's kernels that only quantize or dequantize: a generated kernel of scaling,
     rounding and casts (EngineLayer.qdq_reformat) none of whose ONNX nodes is pointwise math (a
-    kernel named Mul...Roun may be a squeeze-excite gate that rounds as it writes). A convolution or
+    kernel named Mul...Roun may be a squeeze-excite gate that rounds as it writes; a Cast is no math:
+    ViT-S's input Casts and their Q compile as one __myl_CastMulMinMaxRounCastConc). A convolution or
     GEMM named in its metadata is the consumer it lays the data out for, computed in its own kernel."""
     vocab = vocabulary()
     op_of = {n: op for x in sim.layers for n, op in zip(x.nodes, x.ops)}
-    moves = ("quantize", "dequantize", "copy", "weighted")
+    moves = ("quantize", "dequantize", "copy", "cast", "weighted")
     return [e for e in engine.reformats
             if not any(n in op_of and not any(vocab.is_(op_of[n], c) for c in moves) for n in e.nodes)]
