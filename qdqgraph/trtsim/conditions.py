@@ -274,22 +274,22 @@ def generated_layer(g, layer: LayerBuild) -> bool:
     the Q that follows it, a standalone quantize (ViT-S's input, __myl_CastMulMinMaxRounCastConc).
     An LSTM's gates round the Q after it only where it runs as a loop (`recurrent_loop`)."""
     if g.vocab.is_(layer.anchor, "cast"):
-        return _casts_a_computed_value(g, layer.anchor)
+        ins = layer.anchor.inputs
+        return bool(ins and ins[0]) and _before_casts(g, ins[0])[0] is not None
     return any(g.vocab.is_(layer.anchor, c) for c in ("elementwise", "epilogue", "layernorm"))
 
 
-def _casts_a_computed_value(g, cast) -> bool:
-    """Whether, back through Casts, the Cast `cast` reads the output of another op (not a graph
-    input or a constant)."""
-    node = cast
+def _before_casts(g, t: str) -> tuple[SNode | None, str | None]:
+    """(the op that computes tensor `t`, back through Casts; the tensor it writes): (None, that
+    tensor) where the chain starts at a graph input or a constant, (None, None) past 8 Casts."""
     for _ in range(8):
-        p = g.producer(node.inputs[0]) if node.inputs and node.inputs[0] else None
+        p = g.producer(t)
         if p is None:
-            return False
+            return None, t
         if not g.vocab.is_(p, "cast"):
-            return True
-        node = p
-    return False
+            return p, t
+        t = p.inputs[0]
+    return None, None
 
 
 @CONDITIONS.register("recurrent_loop")
@@ -327,15 +327,12 @@ def c_scales_a_graph_input(ctx, node, arg):
     data = [t for t in anchor.inputs if t and not g.is_const(t)]
     if len(data) != 1:
         return miss(f"{_desc(anchor)} multiplies two activations")
-    t = data[0]
-    for _ in range(8):
-        p = g.producer(t)
-        if p is None:
-            return hit(f"{_desc(anchor)} scales the graph input {t}") if t in g.inputs else miss(f"{t} is a constant")
-        if not g.vocab.is_(p, "cast"):
-            return miss(f"{_desc(p)} computes its input")
-        t = p.inputs[0]
-    return miss("a chain of Casts")
+    p, t = _before_casts(g, data[0])
+    if p is not None:
+        return miss(f"{_desc(p)} computes its input")
+    if t is None:
+        return miss("a chain of Casts")
+    return hit(f"{_desc(anchor)} scales the graph input {t}") if t in g.inputs else miss(f"{t} is a constant")
 
 
 @CONDITIONS.register("generated_epilogue")
