@@ -64,9 +64,9 @@ def digest(model) -> str | None:
             h.update(b"".join(parts))
         else:
             for item in items:
-                h.update(str(item).encode())
-                sizes.append(tag + _varint_size(len(item.encode())) + len(item.encode())
-                             if isinstance(item, str) else None)
+                text = str(item).encode()
+                h.update(text)
+                sizes.append(tag + _varint_size(len(text)) + len(text) if isinstance(item, str) else None)
     if _graph_size(graph, sizes) > MAX_GRAPH_BYTES:
         return None
     for part in (*model.opset_import, *model.functions):
