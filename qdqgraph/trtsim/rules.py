@@ -42,7 +42,7 @@ ACTIONS = {
     "pointwise": "a chain of float pointwise ops runs as one float layer",
     "float": "any other op runs in the float type of its tensors",
     "extra_output_q": "a second Q of a layer's output, at another scale, is written by the same kernel (TensorRT for RTX)",
-    "float_output_q": "a Q after a float pointwise layer is its last step: the generated kernel rounds as it writes (TensorRT for RTX)",
+    "float_output_q": "a Q after a float layer a generated kernel computes (pointwise ops, an LSTM's gates) is its last step: that kernel rounds as it writes (TensorRT for RTX)",
     "dq_absorbed": "a DQ read only by float layers costs no kernel: they dequantize as they read (TensorRT for RTX)",
     "q_absorbed": "a Q read only through DQs by float layers rounds in a float kernel, not as an INT8 output (TensorRT for RTX)",
     "reformat": "a Q or DQ that nothing absorbed runs as a standalone Reformat",
