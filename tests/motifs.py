@@ -442,14 +442,16 @@ def small_head():
 
 
 def sample_data(model: onnx.ModelProto, n=8, seed=1) -> dict:
-    """Random calibration samples ([n, *shape], dynamic dims = 2) for every input of a motif."""
+    """Random calibration samples ([n, *shape], dynamic dims = 2) for every input of a motif: normal
+    values in a float input's own type (an FP16 input too), integers 0-15 for any other."""
     rng = np.random.default_rng(seed)
     out = {}
     for i in model.graph.input:
         t = i.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else 2 for d in t.shape.dim]
-        if t.elem_type == TensorProto.FLOAT:
-            out[i.name] = rng.standard_normal([n, *shape]).astype(np.float32)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        if dtype.kind == "f":
+            out[i.name] = rng.standard_normal([n, *shape]).astype(dtype)
         else:
             out[i.name] = rng.integers(0, 16, [n, *shape]).astype(np.int64)
     return out

@@ -313,18 +313,6 @@ CASES = {"cast-of-input": (cast_then_conv, "to_float_out", None),
          "scaled-input": (scaled_input, "smooth_out", None)}
 
 
-def _quantized(model):
-    """`model` quantized for datacenter TensorRT on data of its inputs' types (an FP16 input, class
-    indices below 32 for an integer one)."""
-    rng = np.random.default_rng(0)
-    data = {}
-    for i in model.graph.input:
-        shape = [8] + [d.dim_value for d in i.type.tensor_type.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
-        data[i.name] = (rng.integers(0, 32, shape) if np.issubdtype(dtype, np.integer) else rng.standard_normal(shape)).astype(dtype)
-    return qdqgraph.quantize(model, data, target="tensorrt").model
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_q_after_a_cast_an_lstm_or_a_scaled_input_rounds_where_the_compiler_does(case):
     """A Cast of what another op computed (a one-hot's Equal) rounds its output in its generated
@@ -332,7 +320,7 @@ def test_the_q_after_a_cast_an_lstm_or_a_scaled_input_rounds_where_the_compiler_
     graph input's Mul by a constant (into the Q's scale: __myl_CastMulMinMaxRounCast); an LSTM run as
     a loop rounds in its last gate kernel, an unrolled one (8 steps) has its Q run alone."""
     build, tensor, rule = CASES[case]
-    m = _quantized(build())
+    m = quantized(build(), "tensorrt")
     q = next(n.name for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
     assert q in [x.name for x in simulate(m).reformats]            # datacenter TensorRT: a reformat of its own
     rtx = simulate(m, target="tensorrt-rtx")
@@ -345,7 +333,7 @@ def test_the_q_after_a_cast_an_lstm_or_a_scaled_input_rounds_where_the_compiler_
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_q_after_a_cast_an_lstm_or_a_scaled_input_compiles_as_predicted(case, tmp_path):
     path = tmp_path / "m.onnx"
-    onnx.save(_quantized(CASES[case][0]()), path)
+    onnx.save(quantized(CASES[case][0](), "tensorrt"), path)
     assert main(["build", str(path), "-o", str(tmp_path / "m.engine"), "--layer-info", str(tmp_path / "l.json"),
                  "--quiet"]) == 0
     check = json.loads((tmp_path / "l.json").read_text())["check"]
@@ -355,7 +343,7 @@ def test_the_q_after_a_cast_an_lstm_or_a_scaled_input_compiles_as_predicted(case
 def test_an_lstm_of_unknown_length_is_predicted_as_a_loop():
     """A symbolic sequence length (ddddocr's, known only at build) counts as a loop: its Q rounds in
     the gate kernel; the same model with 8 steps declared has its Q run alone."""
-    m = _quantized(lstm_then_gemm(8))
+    m = quantized(lstm_then_gemm(8), "tensorrt")
     q = next(n.name for n in m.graph.node if n.op_type == "QuantizeLinear")
     assert q in [x.name for x in simulate(m, target="tensorrt-rtx").reformats]
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "steps"
