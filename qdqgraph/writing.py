@@ -3,6 +3,8 @@ the high precision (their ranges measured on calibration samples, rule H5; the o
 where it can be), the full ONNX checker. `quantize` and `fix` write through it alike."""
 from __future__ import annotations
 
+import json
+
 import onnx_graphsurgeon as gs
 
 from .config import QuantizeConfig
@@ -28,6 +30,9 @@ def write_model(loaded: io.Loaded, provenance: dict, cfg: QuantizeConfig, data: 
     earlier plans of the same model, reused; what this plan needs beyond them is measured and added
     to it (the fidelity checks build several written models). Returns the model and the graph it was exported from."""
     report.add([bias_to_add(loaded.graph)])        # every onnxruntime session then computes what TensorRT does
+    rescaled = sorted({n for p in report.passes for n in p.details.get("rescaled", ())})
+    if rescaled:            # what `compare` must not hold against the float tensors of the same name
+        loaded.metadata_props[io.RESCALED_KEY] = json.dumps(rescaled, separators=(",", ":"))
     if cfg.high_precision == "fp32":
         with report.stage("insert"):
             model = io.to_model(loaded, provenance, tidy=False)       # insert_qdq left it tidy

@@ -1,4 +1,6 @@
 """compare(): known answers on constructed cases."""
+import json
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -186,3 +188,55 @@ def test_insert_verify_default_is_bounded_by_output_values_and_an_explicit_n_is_
     assert "float vs quantized on 8 samples\n" in out and "enough" not in out
     assert insert.verify_samples(None, QuantizeConfig(accuracy_budget=20.0)) == (8, None)
     assert insert.verify_samples(3, QuantizeConfig()) == (3, None)
+
+
+# ------------------------------------------------------------------ tensors rescaled on purpose
+
+def _with_metadata_removed(model: onnx.ModelProto) -> onnx.ModelProto:
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    kept = [(p.key, p.value) for p in bare.metadata_props if p.key != io.RESCALED_KEY]
+    del bare.metadata_props[:]
+    for k, v in kept:
+        bare.metadata_props.add(key=k, value=v)
+    return bare
+
+
+def test_a_smoothing_folded_into_a_layernorm_is_recorded_and_not_compared():
+    """Output-aware smoothing folded into a LayerNorm divides its output per channel, name kept: the
+    written model records that tensor, and compare leaves it out (it said 0-10 dB there, a drop that
+    is no quantization error) and says so."""
+    from test_recipes import ln_data, ln_model
+    m, data = ln_model(), ln_data(16)
+    q = qdqgraph.quantize(m, data, high_precision="fp32")
+    assert "ln_out" in q.report.output_aware["folded"]
+    recorded = {p.key: p.value for p in q.model.metadata_props}
+    # the head's input folds into the dense layer that makes it: a path of one tensor each
+    assert json.loads(recorded[io.RESCALED_KEY]) == sorted(q.report.output_aware["folded"]) == ["dense_out", "ln_out"]
+    c = compare(m, q.model, calib=data)
+    assert c.rescaled == ["ln_out", "dense_out"] and not {"ln_out", "dense_out"} & {a.name for a in c.tensors}
+    assert "not compared: 2 quantized tensor(s)" in c.table() and "ln_out, dense_out" in c.table()
+    # without the record the tensor is compared, and its SQNR says nothing of the output's
+    blind = compare(m, _with_metadata_removed(q.model), calib=data)
+    (ln,) = [a for a in blind.tensors if a.name == "ln_out"]
+    assert blind.rescaled == [] and ln.sqnr_db < blind.outputs[0].sqnr_db - 10, (ln.sqnr_db, blind.outputs[0].sqnr_db)
+
+
+def test_an_equalized_pair_records_the_tensors_between_its_convs():
+    from test_fidelity_defaults import OFF, data_for, dw_separable
+    m, data = dw_separable(), data_for()
+    q = qdqgraph.quantize(m, data, **{**OFF, "equalize": "on"})
+    between = {"dw_out", "act_out"}
+    assert set(q.report.passes[[p.name for p in q.report.passes].index("equalize")].details["rescaled"]) == between
+    assert set(json.loads({p.key: p.value for p in q.model.metadata_props}[io.RESCALED_KEY])) == between
+    c = compare(m, q.model, calib=data)
+    assert set(c.rescaled) <= between and c.rescaled and not between & {a.name for a in c.tensors}
+
+
+def test_a_model_without_the_record_compares_every_quantized_tensor():
+    m = motifs.residual_add(projection=True)
+    data = motifs.sample_data(m)
+    q = qdqgraph.quantize(m, data, high_precision="fp32").model
+    assert io.RESCALED_KEY not in {p.key for p in q.metadata_props}
+    c = compare(m, q, calib=data)
+    assert c.rescaled == [] and "not compared" not in c.table() and len(c.tensors) >= 3

@@ -225,6 +225,8 @@ def test_attention_context_smoothing_folds_into_the_value_projection():
     choices, first = _context_choice(loaded, plan, data, "ctx_merge_out")
     res, _ = output_aware.apply(loaded, choices, first, lambda pending: output_aware.failed_folds(loaded, pending, first, data))
     assert res["into_producer"] == ["ctx_merge_out"] and res["multiplied"] == []
+    # every tensor from the value projection to the context carries the scale (compare skips them)
+    assert res["rescaled"] == ["ctx_merge_out", "ctx_t_out", "pv_out", "v_heads_out", "v_proj_out", "v_t_out"]
     assert any(n.name == "v_proj" and "smoothed" in n.inputs[1].name for n in loaded.graph.nodes)
     feed = {k: v[0] for k, v in motifs.sample_data(m, n=1, seed=7).items()}
     np.testing.assert_allclose(run(snapshot(loaded), feed)[0], run(before, feed)[0], rtol=1e-4, atol=1e-4)
@@ -251,7 +253,7 @@ def test_a_fold_that_changes_the_column_order_is_undone_for_a_mul():
     before = snapshot(loaded)
     choices, first = _context_choice(loaded, plan, data, "merge_out")
     res, ranges = output_aware.apply(loaded, choices, first, lambda pending: output_aware.failed_folds(loaded, pending, first, data))
-    assert res["into_producer"] == [] and res["multiplied"] == ["merge_out"]
+    assert res["into_producer"] == [] and res["multiplied"] == ["merge_out"] and res["rescaled"] == []
     assert "merge_out_smoothed" in ranges
     feed = {"x": ln_data(1, seed=4)["x"][0]}
     np.testing.assert_allclose(run(snapshot(loaded), feed)[0], run(before, feed)[0], rtol=1e-4, atol=1e-4)

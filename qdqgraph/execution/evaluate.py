@@ -9,6 +9,7 @@ error jumps can be named.
 from __future__ import annotations
 
 import gc
+import json
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -39,6 +40,7 @@ class Comparison:
     outputs: list[Agreement] = field(default_factory=list)
     tensors: list[Agreement] = field(default_factory=list)   # in topological order
     stopped_at: int | None = None     # output values compared, where `enough` stopped it before the samples asked
+    rescaled: list[str] = field(default_factory=list)   # quantized tensors not compared: scaled per channel on purpose
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,6 +74,11 @@ class Comparison:
             lines.append(f"  lowest SQNR among {len(self.tensors)} quantized tensors:")
             for a in self.worst_tensors(k):
                 lines.append(f"    {a.sqnr_db:6.1f} dB  cosine {a.cosine:.4f}  {a.name}")
+        if self.rescaled:
+            shown = ", ".join(self.rescaled[:3]) + (f", ... ({len(self.rescaled)} in all)" if len(self.rescaled) > 3 else "")
+            lines.append(f"  not compared: {len(self.rescaled)} quantized tensor(s) that the quantized model scales per "
+                         f"channel on purpose (a smoothing or equalization folded into the layer before; the "
+                         f"model's {io.RESCALED_KEY} metadata): {shown}")
         drop = self.largest_drop()
         if drop:
             lines.append(f"  the error jumps at {drop[0].name}: {drop[0].sqnr_db:.1f} dB, {drop[1]:.1f} dB below the "
@@ -172,6 +179,8 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     check_same_inputs(f_loaded, q_loaded, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
     data = data if data is not None else _read(f_loaded, calib, preprocess, samples)
     pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph) if tensors else []
+    scaled = rescaled_tensors(q_loaded)
+    pairs, rescaled = [p for p in pairs if p[0] not in scaled], [f for f, _ in pairs if f in scaled]
     f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
     outs = [t.name for t in f_graph.outputs]
     shapes = {t.name: t.shape for t in f_graph.outputs}
@@ -202,7 +211,20 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         n += 1
         step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
-                      [t_acc[f].result(f) for f, _ in pairs], _stopped(values, enough, n, data.count, pairs))
+                      [t_acc[f].result(f) for f, _ in pairs], _stopped(values, enough, n, data.count, pairs), rescaled)
+
+
+def rescaled_tensors(loaded: io.Loaded) -> set[str]:
+    """The tensors a model qdqgraph wrote scales per channel against the float model (io.RESCALED_KEY):
+    their values are not the float model's by design. Empty for any other model."""
+    text = loaded.metadata_props.get(io.RESCALED_KEY)
+    if not text:
+        return set()
+    try:
+        names = json.loads(text)
+    except ValueError:
+        return set()
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
 
 
 def _add_pair_outputs(f_graph, q_graph, pairs: list[tuple[str, str]]) -> None:

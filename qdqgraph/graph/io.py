@@ -37,6 +37,10 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 MIN_OPSET = 13
 # Node metadata key that records which rule placed a Q/DQ node.
 RULE_KEY = "qdqgraph.rule"
+# Model metadata key: the tensors whose values the written model scales per channel against the float
+# model's (a smoothing or an equalization folded into the layer that makes them), as a JSON list.
+# `compare` does not measure them against the float tensors of the same name.
+RESCALED_KEY = "qdqgraph.rescaled"
 
 
 @dataclass

@@ -166,7 +166,7 @@ def equalize(graph: gs.Graph, stats: dict[str, ChannelStats] | None = None, roun
     `noise_db` ({Conv1: the estimate's change, dB, over all rounds})."""
     found = pairs(graph)
     if not found:
-        return result("equalize", False, pairs=[], rounds=0, spread={}, measured=0, noise_db={})
+        return result("equalize", False, pairs=[], rounds=0, spread={}, measured=0, noise_db={}, rescaled=[])
     view = GraphView(graph)
     w, b = _weights(view, found)
     act = {f.name: stats[f.name] for f, _, _ in found
@@ -188,12 +188,16 @@ def equalize(graph: gs.Graph, stats: dict[str, ChannelStats] | None = None, roun
         if moved < CONVERGED:
             break
     scaled = [(f, sc) for f, _, sc in found if f.name in spread]
+    # the tensors between each scaled pair carry its scale: their values are no longer the float model's
+    rescaled = sorted(t.name for f, act_node, _ in found if f.name in spread
+                      for t in (f.outputs[0], *(act_node.outputs if act_node is not None else ())))
     noise_db = {f.name: round(10 * float(np.log10(noise(act[f.name], w[sc.name], int(sc.attrs.get("group", 1)))
                                                   / start_noise[f.name])), 2)
                 for f, sc in scaled if f.name in start_noise and start_noise[f.name] > 0}
     _write_back(graph, view, {n.name for f, sc in scaled for n in (f, sc)}, w, b)
     return result("equalize", bool(scaled), pairs=[[f.name, sc.name] for f, sc in scaled], rounds=done,
-                  spread={k: round(v, 2) for k, v in spread.items()}, measured=len(act), noise_db=noise_db)
+                  spread={k: round(v, 2) for k, v in spread.items()}, measured=len(act), noise_db=noise_db,
+                  rescaled=rescaled)
 
 
 def _weights(view: GraphView, found) -> tuple[dict, dict]:

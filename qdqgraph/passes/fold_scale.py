@@ -51,6 +51,23 @@ def producer_path(view: GraphView, t: gs.Tensor, limit: int = MAX_PATH):
     return None
 
 
+def path_tensors(view: GraphView, t: gs.Tensor, limit: int = MAX_PATH) -> list[str]:
+    """The tensors producer_path walks over from `t` back to its layer's output, `t` first: a
+    per-channel scale folded into that layer reaches every one of them. [] where there is no path."""
+    names: list[str] = []
+    cur = t
+    for _ in range(limit):
+        names.append(cur.name)
+        p = view.producer(cur)
+        if p is None:
+            return []
+        layer, nxt = _path_step(view, p, [])
+        if nxt is None:
+            return names if layer is not None else []
+        cur = nxt
+    return []
+
+
 def _path_step(view: GraphView, p: gs.Node, biases: list[gs.Tensor]):
     """One step of producer_path back over the op `p`, adding the bias constants it passes to `biases`:
     (the layer found, None), (None, the tensor to go on from), or (None, None) where no layer is found."""

@@ -22,6 +22,7 @@ from ..execution.profile import step
 from ..graph.view import GraphView
 from .base import PassResult, result
 from .channel_scale import divide, fold_producer, insert_mul, scale_weights
+from .fold_scale import path_tensors
 from .registry import declare, describe
 
 
@@ -53,12 +54,14 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict,
     ranges: dict[str, float] = {}
     done: dict[str, list[str]] = {"layernorm": [], "producer": [], "mul": []}
     pending = {}
+    rescaled: dict[str, list[str]] = {}      # smoothed tensor -> the tensors its fold divides (io.RESCALED_KEY)
     for c in choices:
         x = view.tensors[c.tensor]
         ranges[c.tensor] = c.amax
         if c.scale is None:
             continue
         if c.folded == "layernorm":
+            rescaled[c.tensor] = [c.tensor]
             ln = view.producer(x)
             divide(view, ln, 1, c.scale, -1, "smoothed")
             divide(view, ln, 2, c.scale, -1, "smoothed")
@@ -67,6 +70,7 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict,
         elif c.folded == "producer" and c.tensor in first:
             undo = fold_producer(view, x, c.scale)
             if undo is not None:
+                rescaled[c.tensor] = path_tensors(view, x)
                 scale_weights(view, [nodes[n] for n in c.nodes], c.scale)
                 pending[c.tensor] = (c, undo)
     free_if_large(loaded)           # the replaced weights are cyclic garbage (graph tensors are cycles)
@@ -87,7 +91,8 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict,
     details = {c.tensor: {"alpha": c.alpha, "amax": c.amax, "error": c.error, "plain_error": c.plain_error,
                           "smoothing": (c.folded or "mul") if c.scale is not None else "none"} for c in choices}
     return result("output_aware", any(done.values()), tensors=details, folded=done["layernorm"] + done["producer"],
-                  into_producer=done["producer"], multiplied=done["mul"]), ranges
+                  into_producer=done["producer"], multiplied=done["mul"],
+                  rescaled=sorted({n for t in done["layernorm"] + done["producer"] for n in rescaled[t]})), ranges
 
 
 def _multiply(loaded: io.Loaded, view: GraphView, choices: list[Choice], nodes: dict, ranges: dict,
