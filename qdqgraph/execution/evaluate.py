@@ -179,8 +179,7 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     check_same_inputs(f_loaded, q_loaded, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
     data = data if data is not None else _read(f_loaded, calib, preprocess, samples)
     pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph) if tensors else []
-    scaled = rescaled_tensors(q_loaded)
-    pairs, rescaled = [p for p in pairs if p[0] not in scaled], [f for f, _ in pairs if f in scaled]
+    pairs, rescaled = _apart_rescaled(pairs, rescaled_tensors(q_loaded))
     f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
     outs = [t.name for t in f_graph.outputs]
     shapes = {t.name: t.shape for t in f_graph.outputs}
@@ -212,6 +211,11 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
                       [t_acc[f].result(f) for f, _ in pairs], _stopped(values, enough, n, data.count, pairs), rescaled)
+
+
+def _apart_rescaled(pairs: list[tuple[str, str]], scaled: set[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(the pairs to compare, the float names of those left out as scaled on purpose)."""
+    return [p for p in pairs if p[0] not in scaled], [f for f, _ in pairs if f in scaled]
 
 
 def rescaled_tensors(loaded: io.Loaded) -> set[str]:
