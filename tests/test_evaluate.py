@@ -9,7 +9,12 @@ import pytest
 import motifs
 import qdqgraph
 from qdqgraph.graph import io
-from qdqgraph.execution.evaluate import compare
+from qdqgraph.execution.evaluate import add_float_twins, compare
+
+
+def run_model(model, feed):
+    import onnxruntime as ort
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
 
 
 def test_identical_models_agree_perfectly():
@@ -240,3 +245,43 @@ def test_a_model_without_the_record_compares_every_quantized_tensor():
     assert io.RESCALED_KEY not in {p.key for p in q.metadata_props}
     c = compare(m, q, calib=data)
     assert c.rescaled == [] and "not compared" not in c.table() and len(c.tensors) >= 3
+
+
+def test_a_smoothing_mul_output_is_compared_with_the_same_mul_on_the_float_tensor():
+    """A smoothing written as a Mul makes `x_smoothed`, a name the float model has not: compare gives
+    the float model the same Mul on its own `x` and measures the quantized tensor against that (it
+    left the tensor out before). The float twin is exact: the quantized model's sites bypassed (Q/DQ
+    removed) compare at float precision."""
+    from test_recipes import ln_data, ln_model
+    m, data = ln_model(residual=True), ln_data(16)
+    q = qdqgraph.quantize(m, data, high_precision="fp32")
+    assert q.report.output_aware["multiplied"] == ["ln_out", "residual_out"]
+    c = compare(m, q.model, calib=data)
+    got = {a.name: a for a in c.tensors}
+    assert set(got) == {"ln_out_smoothed", "residual_out_smoothed"} and c.unmatched == []
+    assert all(20 < a.sqnr_db < 80 for a in got.values()), got
+    # the twin is the quantized model's own Mul applied to the float model's tensor
+    f_loaded, q_loaded = io.load(m), io.load(q.model)
+    add_float_twins(f_loaded.graph, q_loaded.graph, set())
+    scale = {n.outputs[0].name: n.inputs[1].values for n in q_loaded.graph.nodes if n.op == "Mul"}
+    f_loaded.graph.outputs = [t for name, t in f_loaded.graph.tensors().items()
+                              if name in ("ln_out", "ln_out_smoothed", "residual_out", "residual_out_smoothed")]
+    got = dict(zip([t.name for t in f_loaded.graph.outputs],
+                   run_model(io.to_model(f_loaded), {"x": data["x"][0]})))
+    for x in ("ln_out", "residual_out"):
+        np.testing.assert_allclose(got[f"{x}_smoothed"], got[x] * scale[f"{x}_smoothed"], rtol=1e-6, atol=1e-6)
+    # a tensor the quantized model scales per channel (the record) gets no twin from it
+    f_again = io.load(m)
+    add_float_twins(f_again.graph, io.load(q.model).graph, {"ln_out"})
+    assert "ln_out_smoothed" not in f_again.graph.tensors() and "residual_out_smoothed" in f_again.graph.tensors()
+
+
+def test_a_quantized_tensor_with_no_float_twin_is_listed_as_unmatched():
+    m = motifs.residual_add(projection=True)
+    data = motifs.sample_data(m)
+    loaded = io.load(qdqgraph.quantize(m, data, high_precision="fp32").model)
+    q = next(n for n in loaded.graph.nodes if n.op == "QuantizeLinear" and n.inputs[0].name == "relu1_out")
+    q.inputs[0].name = "renamed_relu1_out"          # a name the float model lacks, made by no Mul
+    c = compare(m, io.to_model(loaded), calib=data)
+    assert c.unmatched == ["renamed_relu1_out"] and "relu1_out" not in {a.name for a in c.tensors}
+    assert "not compared: 1 quantized tensor(s) with no tensor of that name" in c.table()

@@ -19,7 +19,7 @@ import onnx_graphsurgeon as gs
 from ..graph import io, proto
 from ..samples.data import CalibrationData, require_numeric, read_arrays
 from ..errors import QdqError
-from ..ops import DEQUANTIZE, QUANTIZE
+from ..ops import DEQUANTIZE, MUL, QUANTIZE
 from ..prepare import model_inputs
 from .progress import stage, step
 from .runtime import graph_session, session
@@ -41,6 +41,7 @@ class Comparison:
     tensors: list[Agreement] = field(default_factory=list)   # in topological order
     stopped_at: int | None = None     # output values compared, where `enough` stopped it before the samples asked
     rescaled: list[str] = field(default_factory=list)   # quantized tensors not compared: scaled per channel on purpose
+    unmatched: list[str] = field(default_factory=list)  # quantized tensors the float model has none of that name
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,15 +76,21 @@ class Comparison:
             for a in self.worst_tensors(k):
                 lines.append(f"    {a.sqnr_db:6.1f} dB  cosine {a.cosine:.4f}  {a.name}")
         if self.rescaled:
-            shown = ", ".join(self.rescaled[:3]) + (f", ... ({len(self.rescaled)} in all)" if len(self.rescaled) > 3 else "")
             lines.append(f"  not compared: {len(self.rescaled)} quantized tensor(s) that the quantized model scales per "
                          f"channel on purpose (a smoothing or equalization folded into the layer before; the "
-                         f"model's {io.RESCALED_KEY} metadata): {shown}")
+                         f"model's {io.RESCALED_KEY} metadata): {_shown(self.rescaled)}")
+        if self.unmatched:
+            lines.append(f"  not compared: {len(self.unmatched)} quantized tensor(s) with no tensor of that name in the "
+                         f"float model (a smoothing's Mul output, say): {_shown(self.unmatched)}")
         drop = self.largest_drop()
         if drop:
             lines.append(f"  the error jumps at {drop[0].name}: {drop[0].sqnr_db:.1f} dB, {drop[1]:.1f} dB below the "
                          f"best tensor before it")
         return "\n".join(lines)
+
+
+def _shown(names: list[str], k: int = 3) -> str:
+    return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
 
 
 class _Acc:
@@ -114,18 +121,24 @@ class _Acc:
                          self.top1_hits / self.top1_n if self.top1_n else None)
 
 
-def quantized_tensor_pairs(quant: gs.Graph, float_graph: gs.Graph) -> list[tuple[str, str]]:
+def quantized_tensor_pairs(quant: gs.Graph, float_graph: gs.Graph,
+                           unmatched: list[str] | None = None) -> list[tuple[str, str]]:
     """(float tensor, its dequantized twin in the Q/DQ model) for activations quantized in `quant`
-    whose name exists in `float_graph`, in topological order."""
+    whose name exists in `float_graph`, in topological order; the names of those it has not are
+    appended to `unmatched`."""
     quant.toposort()
     present = float_graph.tensors()
     pairs = []
     for n in quant.nodes:
-        if n.op == QUANTIZE and n.inputs[0].name in present and not isinstance(n.inputs[0], gs.Constant):
-            for c in n.outputs[0].outputs:
-                if c.op == DEQUANTIZE:
-                    pairs.append((n.inputs[0].name, c.outputs[0].name))
-                    break
+        if n.op != QUANTIZE or isinstance(n.inputs[0], gs.Constant):
+            continue
+        dq = next((c for c in n.outputs[0].outputs if c.op == DEQUANTIZE), None)
+        if dq is None:
+            continue
+        if n.inputs[0].name in present:
+            pairs.append((n.inputs[0].name, dq.outputs[0].name))
+        elif unmatched is not None:
+            unmatched.append(n.inputs[0].name)
     return pairs
 
 
@@ -178,8 +191,12 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
     f_loaded, q_loaded = io.load(float_model), io.load(quant_model)
     check_same_inputs(f_loaded, q_loaded, _name(float_model, "the float model"), _name(quant_model, "the quantized model"))
     data = data if data is not None else _read(f_loaded, calib, preprocess, samples)
-    pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph) if tensors else []
-    pairs, rescaled = _apart_rescaled(pairs, rescaled_tensors(q_loaded))
+    unmatched: list[str] = []
+    scaled = rescaled_tensors(q_loaded)
+    if tensors:
+        add_float_twins(f_loaded.graph, q_loaded.graph, scaled)
+    pairs = quantized_tensor_pairs(q_loaded.graph, f_loaded.graph, unmatched) if tensors else []
+    pairs, rescaled = _apart_rescaled(pairs, scaled)
     f_graph, q_graph = f_loaded.graph.copy(), q_loaded.graph.copy()
     outs = [t.name for t in f_graph.outputs]
     shapes = {t.name: t.shape for t in f_graph.outputs}
@@ -210,7 +227,34 @@ def compare(float_model, quant_model, data: CalibrationData | None = None, calib
         n += 1
         step(progress)
     return Comparison(n, [out_acc[o].result(o) for o in outs if out_acc[o].ff or out_acc[o].qq],
-                      [t_acc[f].result(f) for f, _ in pairs], _stopped(values, enough, n, data.count, pairs), rescaled)
+                      [t_acc[f].result(f) for f, _ in pairs], _stopped(values, enough, n, data.count, pairs), rescaled, unmatched)
+
+
+def add_float_twins(f_graph: gs.Graph, q_graph: gs.Graph, scaled: set[str]) -> None:
+    """Give `f_graph` the float twin of each quantized tensor that a Mul by a constant makes in
+    `q_graph` from a tensor both graphs have (a smoothing's Mul: x_smoothed = x * 1/s): the same Mul,
+    on the float model's x, under the same name, so that the quantized tensor is compared with what
+    it would be without quantization. Not where x is in `scaled` (its float values are not the
+    quantized model's)."""
+    present = f_graph.tensors()
+    added = False
+    for n in q_graph.nodes:
+        if n.op != MUL or len(n.inputs) != 2 or len(n.outputs) != 1 or n.outputs[0].name in present:
+            continue
+        if not any(c.op == QUANTIZE for c in n.outputs[0].outputs):
+            continue
+        x, c = n.inputs if isinstance(n.inputs[1], gs.Constant) else n.inputs[::-1]
+        if not isinstance(c, gs.Constant) or isinstance(x, gs.Constant) or x.name not in present or x.name in scaled:
+            continue
+        fx = present[x.name]
+        dtype = fx.dtype if fx.dtype is not None else np.float32
+        y = gs.Variable(n.outputs[0].name, dtype=dtype, shape=n.outputs[0].shape)
+        f_graph.nodes.append(gs.Node(MUL, f"{n.name}_float_twin", inputs=[fx, gs.Constant(
+            f"{c.name}_float_twin", np.asarray(c.values, dtype=dtype))], outputs=[y]))
+        present[y.name] = y
+        added = True
+    if added:
+        f_graph.toposort()
 
 
 def _apart_rescaled(pairs: list[tuple[str, str]], scaled: set[str]) -> tuple[list[tuple[str, str]], list[str]]:
