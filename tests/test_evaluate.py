@@ -4,6 +4,7 @@ import json
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+import onnxruntime as ort
 import pytest
 
 import motifs
@@ -13,7 +14,6 @@ from qdqgraph.execution.evaluate import add_float_twins, compare
 
 
 def run_model(model, feed):
-    import onnxruntime as ort
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
 
 
