@@ -36,36 +36,33 @@ def producer_path(view: GraphView, t: gs.Tensor, limit: int = MAX_PATH):
     2-D weight, or a Mul by a constant vector over the last axis (the gamma of a LayerNorm written
     out as ops); None when there is none. The column order through reshapes is not proved here:
     callers that scale per channel check it."""
-    biases: list[gs.Tensor] = []
-    cur = t
-    for _ in range(limit):
-        p = view.producer(cur)
-        if p is None:
-            return None
-        layer, nxt = _path_step(view, p, biases)
-        if nxt is None:
-            return layer
-        if not _single_use(view, nxt):
-            return None
-        cur = nxt
-    return None
+    return _walk(view, t, limit)[0]
 
 
 def path_tensors(view: GraphView, t: gs.Tensor, limit: int = MAX_PATH) -> list[str]:
     """The tensors producer_path walks over from `t` back to its layer's output, `t` first: a
     per-channel scale folded into that layer reaches every one of them. [] where there is no path."""
+    layer, names = _walk(view, t, limit)
+    return names if layer is not None else []
+
+
+def _walk(view: GraphView, t: gs.Tensor, limit: int):
+    """(producer_path's answer or None, the names of the tensors walked over, `t` first)."""
+    biases: list[gs.Tensor] = []
     names: list[str] = []
     cur = t
     for _ in range(limit):
         names.append(cur.name)
         p = view.producer(cur)
         if p is None:
-            return []
-        layer, nxt = _path_step(view, p, [])
+            return None, names
+        layer, nxt = _path_step(view, p, biases)
         if nxt is None:
-            return names if layer is not None else []
+            return layer, names
+        if not _single_use(view, nxt):
+            return None, names
         cur = nxt
-    return []
+    return None, names
 
 
 def _path_step(view: GraphView, p: gs.Node, biases: list[gs.Tensor]):
