@@ -304,7 +304,7 @@ def test_awq_beats_rtn_on_outlier_channels_and_reports_the_real_error():
     rtn, _ = quantized(m, block_size=128)
     awq, res = quantized(m, block_size=128, method="awq", data=x)
     w = res["weights"]["w"]
-    assert w["scaling"] == "layernorm" and w["alpha"] > 0
+    assert w["scaling"] == "layernorm" and w["alpha"] > 0 and res["rescaled"] == ["ln_out"]
     assert w["error"] < w["rtn_error"]
     e_rtn, e_awq = rel_error(ref, outputs(rtn, x)), rel_error(ref, outputs(awq, x))
     assert e_awq < 0.5 * e_rtn
@@ -346,6 +346,7 @@ def test_awq_folds_into_the_producing_layer_and_skips_what_cannot_fold():
     assert res["weights"]["w2"]["scaling"] == "producer" and res["weights"]["w2"]["alpha"] > 0
     assert res["weights"]["w1"]["scaling"].startswith("skipped: no LayerNorm or linear producer")
     assert res["weights"]["w1"]["alpha"] == 0.0
+    assert res["rescaled"] == ["bias_out", "fc1_out"]      # the fold divides fc1's output and the bias Add's
     assert len(dq_nodes(awq)) == 2 and not any(n.op_type == "Mul" for n in awq.graph.node)
     assert rel_error(ref, outputs(awq, data)) < rel_error(ref, outputs(rtn, data))
 
@@ -369,7 +370,7 @@ def test_a_fold_that_reorders_the_columns_is_undone():
     data = samples(k=k)
     awq, res = quantized(m, block_size=64, method="awq", data=data)
     assert res["weights"]["w2"]["scaling"] == "skipped: the fold into the producer does not keep the column order"
-    assert res["weights"]["w2"]["alpha"] == 0.0
+    assert res["weights"]["w2"]["alpha"] == 0.0 and res["rescaled"] == []
     assert cosine(outputs(m, data), outputs(awq, data)) > 0.99
 
 
@@ -386,3 +387,16 @@ def test_a_clip_that_raises_the_output_error_is_not_kept(monkeypatch):
     _, res = quantized(m, block_size=64, method="awq", data=samples(seed=4))
     w = res["weights"]["w"]
     assert w["clip"]["clipped_blocks"] == 0 and w["error"] <= w["rtn_error"]
+
+
+def test_the_written_int4_model_records_what_its_awq_folds_divide():
+    """The LayerNorm that took AWQ's 1/s writes other values than the float model's under the same
+    name: the written model lists it (io.RESCALED_KEY), as for INT8's smoothing."""
+    import json
+    import qdqgraph
+    from qdqgraph.graph import io
+    m = layernorm_model(gamma=outlier_gamma())
+    q = qdqgraph.quantize(m, {"x": samples()}, precision="int4", int4_method="awq")
+    assert json.loads({p.key: p.value for p in q.model.metadata_props}[io.RESCALED_KEY]) == ["ln_out"]
+    rtn = qdqgraph.quantize(m, {"x": samples()}, precision="int4", int4_method="rtn")
+    assert io.RESCALED_KEY not in {p.key for p in rtn.model.metadata_props}

@@ -63,6 +63,7 @@ from ..execution.runtime import float_activations
 from ..graph.view import GraphView
 from ..passes.base import PassResult, result
 from ..passes.channel_scale import MAX_SCALE, divide, fold_kind, fold_producer, k_axis
+from ..passes.fold_scale import path_tensors
 from .output_aware import failed_folds
 
 INT4_MIN, INT4_MAX = -8, 7
@@ -509,12 +510,14 @@ def quantize_int4_weights(loaded: io.Loaded, *, block_size: int = 128, method: s
     _check_scale_values(found, block_size)
     rows: dict[str, np.ndarray] = {}
     scalings: dict[str, Scaling] = {}
+    rescaled: list[str] = []           # what the folds divide per channel (io.RESCALED_KEY)
     if method == "awq" and found:
         assert data is not None, "_check_request: awq needs data"
         readers = _by_input(found)
         rows, first = sample_rows(loaded, sorted(readers), data, samples)
         scalings = _choose_scalings(view, readers, rows, block_size)
         _fold_scalings(loaded, view, scalings, readers, first, data)
+        rescaled = _rescaled(view, scalings)
     by_weight: dict[str, list[tuple[Target, gs.Node]]] = {}
     for t, node in found:           # the weights as the folds left them
         by_weight.setdefault(node.inputs[1].name, []).append((t, node))
@@ -528,7 +531,18 @@ def quantize_int4_weights(loaded: io.Loaded, *, block_size: int = 128, method: s
         loaded.ir_version = max(loaded.ir_version, MIN_IR_VERSION)
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
     return result("int4_weights", bool(weights), weights=weights, skipped=skipped,
-                  bytes_before=before, bytes_after=after)
+                  bytes_before=before, bytes_after=after, rescaled=rescaled)
+
+
+def _rescaled(view: GraphView, scalings: dict[str, Scaling]) -> list[str]:
+    """The tensors the folded scalings divide: a LayerNorm's output, or the path from the layer."""
+    names: set[str] = set()
+    for c in scalings.values():
+        if c.scale is not None and c.how == "layernorm":
+            names.add(c.tensor)
+        elif c.scale is not None and c.how == "producer":
+            names.update(path_tensors(view, view.tensors[c.tensor]))
+    return sorted(names)
 
 
 def _int4_weight(graph: gs.Graph, view: GraphView, name: str, group: list[tuple[Target, gs.Node]], rows: dict,
