@@ -34,6 +34,8 @@ def test_insert_writes_default_output_and_report(model_and_data, capsys):
     text = capsys.readouterr().out
     assert "Conv" in text and f"wrote {out}" in text
     assert "float vs quantized on 8 samples" in text and "output y: cosine 0.9" in text
+    # the verify figure is on calibration samples, and it says how to score others
+    assert f"(calibration samples; on samples the run has not seen: qdqgraph compare {mp} {out} --data HELD_OUT)" in text
     report = json.loads(rp.read_text())
     assert report["ops"]["Conv"]["quantized"] == 4 and report["activation_sites"] == 4
     assert not [p for p in files(mp.parent) if p.endswith(".tmp")]
