@@ -215,9 +215,10 @@ def _start(model, calib, config, calib_cache, progress, options) -> _Run:
     with report.stage("clean"):
         report.add(clean(loaded))
         # the prediction's FLOPs and bytes at the shapes the model is calibrated at, not with each
-        # symbolic dimension as 1; placement's P14 still counts at the declared shapes: at the data's,
-        # it keeps the Whisper tiny.en decoder's layers INT8 (78.5 -> 90.5 % INT8 FLOPs at 64 tokens)
-        # and its held-out SQNR falls from 32.9 to 18.0 dB (docs/ACCURACY.md)
+        # symbolic dimension as 1; placement's P14 still counts at the declared shapes (its reasons
+        # give the share at these too): at the data's, it keeps the Whisper tiny.en decoder's layers
+        # INT8 (78.5 -> 90.5 % INT8 FLOPs at 64 tokens) and its held-out SQNR falls from 32.9 to
+        # 18.0 dB (docs/ACCURACY.md)
         if data is not None and data.count:
             with step("dims"):
                 loaded.dims = data_dims(loaded, data)

@@ -101,7 +101,7 @@ def plan_for(loaded: io.Loaded, config: QuantizeConfig, float_nodes: tuple = ())
     with step("placement"):
         plan = plan_placement(loaded.graph, ruleset, selection)
     with step("refine (P14)"):
-        return refine(loaded.graph, plan, ruleset, selection)
+        return refine(loaded.graph, plan, ruleset, selection, loaded.dims)
 
 
 def check_plan(loaded: io.Loaded, plan: Plan) -> list[str]:

@@ -303,3 +303,33 @@ def test_a_bad_region_share_is_a_one_line_error(tmp_path, share):
         load_ruleset([_region_rule_file(tmp_path, share)])
     text = str(e.value).replace("`", "")
     assert "max_flops_share must be a number" in text and "region.toml:3" in text and "\n" not in text
+
+
+def test_p14_reasons_give_the_share_at_the_calibration_shapes_where_it_differs(tmp_path):
+    """P14 counts FLOPs at the declared shapes (a symbolic dimension as 1); where the data's shapes
+    give the region another share, its reason says both (the Whisper decoder's per-token layers:
+    0.03% declared, 1.05% at 64 tokens)."""
+    import dataclasses
+    from qdqgraph.recipes.small_regions import data_shares, predict, region_nodes
+    from qdqgraph.placement.ruleset import load_ruleset
+    g = motifs.G("two_lengths")
+    tok = g.input("tok", [1, "t", 32])              # a per-token layer: symbolic length
+    mem = g.input("mem", [1, 64, 32])               # a fixed-length memory
+    a = g.node("MatMul", [tok, g.weight("wt", (32, 32))], name="per_token")
+    b = g.node("MatMul", [mem, g.weight("wm", (32, 32))], name="memory")
+    g.output(a)
+    g.output(b)
+    loaded = io.load(g.model(17))
+    shares = data_shares(loaded.graph, {"t": 64})
+    assert shares(["per_token"]) == pytest.approx(0.5) and shares(["memory"]) == pytest.approx(0.5)
+    assert data_shares(loaded.graph, {}) is None
+    # the reason, from a prediction of small_head, with and without a differing share at the data's shapes
+    loaded, plan = qdqgraph.prepare.prepare(motifs.small_head(), rules=[_region_rule_file(tmp_path, 0)])
+    report = predict(loaded.graph, plan)
+    rule = dataclasses.replace(load_ruleset().region, max_flops_share=0.005)
+    sel = qdqgraph.QuantizeConfig().selection(())
+    same = region_nodes(report, plan, rule, sel, "INT8", at_data=None)
+    assert same and all("declared shapes" not in why for _, _, why in same)
+    more = region_nodes(report, plan, rule, sel, "INT8", at_data=lambda names: 0.0271)
+    assert all("counted at the declared shapes, symbolic dimensions as 1 (2.71% at the calibration data's shapes)"
+               in why for _, _, why in more)

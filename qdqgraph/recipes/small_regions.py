@@ -18,6 +18,7 @@ from ..ops import DEQUANTIZE, QUANTIZE
 from ..passes.insert import Insertion, insert_qdq, planned_insertions
 from ..trtsim import SimReport, simulate
 from ..trtsim.ir import DQ, Q, QParams, SimGraph, SNode, STensor
+from ..trtsim.flops import node_flops
 from ..trtsim.regions import costly_regions
 from ..trtsim.rules import load_sim_rules
 from ..trtsim.simulate import simulate_graph
@@ -72,20 +73,38 @@ def _add(g: SimGraph, ins: Insertion) -> None:
 
 
 def region_nodes(report: SimReport, plan: Plan, rule: RegionRule, selection: Selection,
-                 quantized: str = "INT8") -> tuple[tuple[str, str, str], ...]:
+                 quantized: str = "INT8", at_data=None) -> tuple[tuple[str, str, str], ...]:
     """(node, rule id, why) for the quantized nodes of every region `rule` returns to float;
-    nodes the user forces in with --include-node stay. `quantized`: the precision's name (INT8, FP8)."""
+    nodes the user forces in with --include-node stay. `quantized`: the precision's name (INT8, FP8).
+    `at_data`: the share of the FLOPs of a list of nodes at the calibration data's shapes
+    (`data_shares`), which the reason states beside the declared shapes' where they differ."""
     out = []
     for r in costly_regions(report, rule.max_flops_share):
         names = [n for n in r.nodes if n in plan.decisions and plan.decisions[n].quantized]
         if not names or any(selection.includes(n) for n in names):
             continue
         borders = ", ".join(x.name for x in r.inner_reformats)
-        why = (f"its {quantized} region holds {100 * r.flops_share:.2f}% of the FLOPs (at most "
-               f"{100 * rule.max_flops_share:g}%) and costs {len(r.inner_reformats)} standalone reformat(s) "
-               f"inside the network ({borders})")
+        share = f"{100 * r.flops_share:.2f}%"
+        data = f"{100 * at_data([n for x in r.layers if x.int8 for n in x.nodes]):.2f}%" if at_data else share
+        counted = "" if data == share else (f" counted at the declared shapes, symbolic dimensions as 1 "
+                                           f"({data} at the calibration data's shapes),")
+        why = (f"its {quantized} region holds {share} of the FLOPs (at most {100 * rule.max_flops_share:g}%)"
+               f"{counted} and costs {len(r.inner_reformats)} standalone reformat(s) inside the network ({borders})")
         out += [(n, rule.id, why) for n in names]
     return tuple(out)
+
+
+def data_shares(graph: gs.Graph, dims: dict[str, int] | None):
+    """A function: node names -> their share of the graph's FLOPs with its symbolic dimensions at
+    `dims` (the calibration data's shapes); None without dims or FLOPs."""
+    if not dims:
+        return None
+    g = SimGraph.from_gs(graph).bind(dims)
+    flops = {name: node_flops(g, n) for name, n in g.nodes.items()}
+    total = sum(flops.values())
+    if total <= 0:
+        return None
+    return lambda names: sum(flops.get(n, 0.0) for n in names) / total
 
 
 NO_INT8 = "the plan runs no layer in "          # then the precision: INT8, FP8
@@ -105,15 +124,18 @@ def no_int8_nodes(report: SimReport, plan: Plan, rule: RegionRule, selection: Se
                  if d.quantized and not selection.includes(n))
 
 
-def refine(graph: gs.Graph, plan: Plan, ruleset: RuleSet, selection: Selection) -> Plan:
+def refine(graph: gs.Graph, plan: Plan, ruleset: RuleSet, selection: Selection,
+           dims: dict[str, int] | None = None) -> Plan:
     """`plan` with its small INT8 regions in float, if that leaves fewer reformats inside the
-    network; otherwise `plan` itself."""
+    network; otherwise `plan` itself. The regions are counted at the declared shapes; `dims` (the
+    calibration data's shapes) only adds their share there to the reasons."""
     rule = ruleset.region
     if rule is None or rule.max_flops_share <= 0 or not plan.activation_sites():
         return plan
     before = predict(graph, plan, ruleset.target)
     quantized = label(ruleset.precision)
-    nodes = region_nodes(before, plan, rule, selection, quantized)
+    found = costly_regions(before, rule.max_flops_share)
+    nodes = region_nodes(before, plan, rule, selection, quantized, data_shares(graph, dims) if found else None)
     if not nodes:
         nodes = no_int8_nodes(before, plan, rule, selection, quantized)
         # no INT8 layer: the Q/DQ are reformats and nothing else, whether inside the network or not
