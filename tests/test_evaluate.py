@@ -285,3 +285,33 @@ def test_a_quantized_tensor_with_no_float_twin_is_listed_as_unmatched():
     c = compare(m, io.to_model(loaded), calib=data)
     assert c.unmatched == ["renamed_relu1_out"] and "relu1_out" not in {a.name for a in c.tensors}
     assert "not compared: 1 quantized tensor(s) with no tensor of that name" in c.table()
+
+
+def test_a_smoothing_mul_behind_an_fp16_cast_of_a_graph_input_gets_its_twin():
+    """A smoothed graph input in a written model with FP16 islands: x -> Cast(fp16) -> Mul(1/s) -> Q.
+    The float model has x, not the Cast's output: the twin is the Mul on x itself (the Whisper
+    decoder's encoder_hidden_states_smoothed was listed as having no twin)."""
+    x = gs.Variable("x", dtype=np.float32, shape=[1, 4, 8])
+    f_graph = gs.Graph(nodes=[gs.Node("Relu", "relu", inputs=[x], outputs=[gs.Variable("y", dtype=np.float32)])],
+                       inputs=[x], outputs=[])
+    f_graph.outputs = [f_graph.nodes[0].outputs[0]]
+    qx = gs.Variable("x", dtype=np.float32, shape=[1, 4, 8])
+    half = gs.Variable("x_fp16", dtype=np.float16, shape=[1, 4, 8])
+    smoothed = gs.Variable("x_smoothed", dtype=np.float16, shape=[1, 4, 8])
+    inv = np.linspace(0.5, 2.0, 8).astype(np.float16)
+    quantized = gs.Variable("x_smoothed_quantized", dtype=np.int8)
+    q_graph = gs.Graph(nodes=[
+        gs.Node("Cast", "cast", attrs={"to": onnx.TensorProto.FLOAT16}, inputs=[qx], outputs=[half]),
+        gs.Node("Mul", "x_smooth", inputs=[half, gs.Constant("x_smooth_scale_fp16", inv)], outputs=[smoothed]),
+        gs.Node("QuantizeLinear", "x_smoothed_q", inputs=[smoothed, gs.Constant("s", np.array(0.1, np.float16)),
+                                                          gs.Constant("z", np.array(0, np.int8))], outputs=[quantized])],
+        inputs=[qx], outputs=[quantized])
+    add_float_twins(f_graph, q_graph, set())
+    twin = f_graph.tensors()["x_smoothed"]
+    (mul,) = twin.inputs
+    assert mul.op == "Mul" and mul.inputs[0] is f_graph.tensors()["x"] and twin.dtype == np.float32
+    np.testing.assert_array_equal(mul.inputs[1].values, inv.astype(np.float32))
+    # a scaled-on-purpose input gets none
+    f_again = gs.Graph(nodes=[], inputs=[gs.Variable("x", dtype=np.float32, shape=[1, 4, 8])], outputs=[])
+    add_float_twins(f_again, q_graph, {"x"})
+    assert "x_smoothed" not in f_again.tensors()

@@ -19,7 +19,7 @@ import onnx_graphsurgeon as gs
 from ..graph import io, proto
 from ..samples.data import CalibrationData, require_numeric, read_arrays
 from ..errors import QdqError
-from ..ops import DEQUANTIZE, MUL, QUANTIZE
+from ..ops import CAST, DEQUANTIZE, MUL, QUANTIZE
 from ..prepare import model_inputs
 from .progress import stage, step
 from .runtime import graph_session, session
@@ -244,6 +244,7 @@ def add_float_twins(f_graph: gs.Graph, q_graph: gs.Graph, scaled: set[str]) -> N
         if not any(c.op == QUANTIZE for c in n.outputs[0].outputs):
             continue
         x, c = n.inputs if isinstance(n.inputs[1], gs.Constant) else n.inputs[::-1]
+        x = _before_casts(x, present)          # an FP16 island's Cast of a tensor both graphs have
         if not isinstance(c, gs.Constant) or isinstance(x, gs.Constant) or x.name not in present or x.name in scaled:
             continue
         fx = present[x.name]
@@ -255,6 +256,14 @@ def add_float_twins(f_graph: gs.Graph, q_graph: gs.Graph, scaled: set[str]) -> N
         added = True
     if added:
         f_graph.toposort()
+
+
+def _before_casts(t: gs.Tensor, present: dict) -> gs.Tensor:
+    """`t`, or the tensor a chain of Casts makes it from where `present` lacks `t` (a float island's
+    input cast to FP16 keeps the float model's values up to rounding)."""
+    while t.name not in present and len(t.inputs) == 1 and t.inputs[0].op == CAST and t.inputs[0].inputs:
+        t = t.inputs[0].inputs[0]
+    return t
 
 
 def _apart_rescaled(pairs: list[tuple[str, str]], scaled: set[str]) -> tuple[list[tuple[str, str]], list[str]]:
