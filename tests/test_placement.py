@@ -311,6 +311,7 @@ def test_p14_reasons_give_the_share_at_the_calibration_shapes_where_it_differs(t
     0.03% declared, 1.05% at 64 tokens)."""
     import dataclasses
     from qdqgraph.recipes.small_regions import data_shares, predict, region_nodes
+    from qdqgraph.trtsim.regions import costly_regions
     from qdqgraph.placement.ruleset import load_ruleset
     g = motifs.G("two_lengths")
     tok = g.input("tok", [1, "t", 32])              # a per-token layer: symbolic length
@@ -325,11 +326,11 @@ def test_p14_reasons_give_the_share_at_the_calibration_shapes_where_it_differs(t
     assert data_shares(loaded.graph, {}) is None
     # the reason, from a prediction of small_head, with and without a differing share at the data's shapes
     loaded, plan = qdqgraph.prepare.prepare(motifs.small_head(), rules=[_region_rule_file(tmp_path, 0)])
-    report = predict(loaded.graph, plan)
     rule = dataclasses.replace(load_ruleset().region, max_flops_share=0.005)
+    regions = costly_regions(predict(loaded.graph, plan), rule.max_flops_share)
     sel = qdqgraph.QuantizeConfig().selection(())
-    same = region_nodes(report, plan, rule, sel, "INT8", at_data=None)
+    same = region_nodes(regions, plan, rule, sel, "INT8", at_data=None)
     assert same and all("declared shapes" not in why for _, _, why in same)
-    more = region_nodes(report, plan, rule, sel, "INT8", at_data=lambda names: 0.0271)
+    more = region_nodes(regions, plan, rule, sel, "INT8", at_data=lambda names: 0.0271)
     assert all("counted at the declared shapes, symbolic dimensions as 1 (2.71% at the calibration data's shapes)"
                in why for _, _, why in more)

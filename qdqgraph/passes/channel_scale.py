@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 
 from ..ops import MUL
 from ..graph.view import GraphView
-from .fold_scale import k_axis, producer_path
+from .fold_scale import k_axis, path_tensors, producer_path
 MAX_SCALE = 1e4            # s is clipped to [1/MAX_SCALE, MAX_SCALE]
 
 
@@ -22,6 +22,12 @@ def fold_kind(view: GraphView, t: gs.Tensor, readers: set[str]) -> str:
     if {c.name for c, _ in view.consumers(t)} <= readers and producer_path(view, t) is not None:
         return "producer"
     return ""
+
+
+def fold_reach(view: GraphView, t: gs.Tensor, kind: str) -> list[str]:
+    """The tensors a smoothing of `t` folded as `kind` ("layernorm" or "producer", fold_kind) divides
+    per channel: the LayerNorm's output, or every tensor from the producing layer's output to `t`."""
+    return [t.name] if kind == "layernorm" else path_tensors(view, t)
 
 
 def foldable(view: GraphView, t: gs.Tensor, readers: set[str]) -> bool:

@@ -21,8 +21,7 @@ from ..execution.memory import EVERY_STAGE_BYTES, free_if_large
 from ..execution.profile import step
 from ..graph.view import GraphView
 from .base import PassResult, result
-from .channel_scale import divide, fold_producer, insert_mul, scale_weights
-from .fold_scale import path_tensors
+from .channel_scale import divide, fold_producer, fold_reach, insert_mul, scale_weights
 from .registry import declare, describe
 
 
@@ -54,14 +53,12 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict,
     ranges: dict[str, float] = {}
     done: dict[str, list[str]] = {"layernorm": [], "producer": [], "mul": []}
     pending = {}
-    rescaled: dict[str, list[str]] = {}      # smoothed tensor -> the tensors its fold divides (io.RESCALED_KEY)
     for c in choices:
         x = view.tensors[c.tensor]
         ranges[c.tensor] = c.amax
         if c.scale is None:
             continue
         if c.folded == "layernorm":
-            rescaled[c.tensor] = [c.tensor]
             ln = view.producer(x)
             divide(view, ln, 1, c.scale, -1, "smoothed")
             divide(view, ln, 2, c.scale, -1, "smoothed")
@@ -70,7 +67,6 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict,
         elif c.folded == "producer" and c.tensor in first:
             undo = fold_producer(view, x, c.scale)
             if undo is not None:
-                rescaled[c.tensor] = path_tensors(view, x)
                 scale_weights(view, [nodes[n] for n in c.nodes], c.scale)
                 pending[c.tensor] = (c, undo)
     free_if_large(loaded)           # the replaced weights are cyclic garbage (graph tensors are cycles)
@@ -92,7 +88,8 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict,
                           "smoothing": (c.folded or "mul") if c.scale is not None else "none"} for c in choices}
     return result("output_aware", any(done.values()), tensors=details, folded=done["layernorm"] + done["producer"],
                   into_producer=done["producer"], multiplied=done["mul"],
-                  rescaled=sorted({n for t in done["layernorm"] + done["producer"] for n in rescaled[t]})), ranges
+                  rescaled=sorted({n for kind in ("layernorm", "producer") for t in done[kind]    # io.RESCALED_KEY
+                                   for n in fold_reach(view, view.tensors[t], kind)})), ranges
 
 
 def _multiply(loaded: io.Loaded, view: GraphView, choices: list[Choice], nodes: dict, ranges: dict,

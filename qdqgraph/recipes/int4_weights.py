@@ -62,8 +62,7 @@ from ..ops import DEQUANTIZE
 from ..execution.runtime import float_activations
 from ..graph.view import GraphView
 from ..passes.base import PassResult, result
-from ..passes.channel_scale import MAX_SCALE, divide, fold_kind, fold_producer, k_axis
-from ..passes.fold_scale import path_tensors
+from ..passes.channel_scale import MAX_SCALE, divide, fold_kind, fold_producer, fold_reach, k_axis
 from .output_aware import failed_folds
 
 INT4_MIN, INT4_MAX = -8, 7
@@ -536,13 +535,8 @@ def quantize_int4_weights(loaded: io.Loaded, *, block_size: int = 128, method: s
 
 def _rescaled(view: GraphView, scalings: dict[str, Scaling]) -> list[str]:
     """The tensors the folded scalings divide: a LayerNorm's output, or the path from the layer."""
-    names: set[str] = set()
-    for c in scalings.values():
-        if c.scale is not None and c.how == "layernorm":
-            names.add(c.tensor)
-        elif c.scale is not None and c.how == "producer":
-            names.update(path_tensors(view, view.tensors[c.tensor]))
-    return sorted(names)
+    return sorted({n for c in scalings.values() if c.scale is not None and c.how in ("layernorm", "producer")
+                   for n in fold_reach(view, view.tensors[c.tensor], c.how)})
 
 
 def _int4_weight(graph: gs.Graph, view: GraphView, name: str, group: list[tuple[Target, gs.Node]], rows: dict,

@@ -19,7 +19,7 @@ from ..passes.insert import Insertion, insert_qdq, planned_insertions
 from ..trtsim import SimReport, simulate
 from ..trtsim.ir import DQ, Q, QParams, SimGraph, SNode, STensor
 from ..trtsim.flops import node_flops
-from ..trtsim.regions import costly_regions
+from ..trtsim.regions import Region, costly_regions
 from ..trtsim.rules import load_sim_rules
 from ..trtsim.simulate import simulate_graph
 from ..graph.view import GraphView
@@ -72,14 +72,15 @@ def _add(g: SimGraph, ins: Insertion) -> None:
         g.set_input(g.nodes[node], index, out)
 
 
-def region_nodes(report: SimReport, plan: Plan, rule: RegionRule, selection: Selection,
+def region_nodes(regions: list[Region], plan: Plan, rule: RegionRule, selection: Selection,
                  quantized: str = "INT8", at_data=None) -> tuple[tuple[str, str, str], ...]:
-    """(node, rule id, why) for the quantized nodes of every region `rule` returns to float;
+    """(node, rule id, why) for the quantized nodes of every region of `regions` (costly_regions of
+    the prediction, by `rule`), which `rule` returns to float;
     nodes the user forces in with --include-node stay. `quantized`: the precision's name (INT8, FP8).
     `at_data`: the share of the FLOPs of a list of nodes at the calibration data's shapes
     (`data_shares`), which the reason states beside the declared shapes' where they differ."""
     out = []
-    for r in costly_regions(report, rule.max_flops_share):
+    for r in regions:
         names = [n for n in r.nodes if n in plan.decisions and plan.decisions[n].quantized]
         if not names or any(selection.includes(n) for n in names):
             continue
@@ -134,8 +135,8 @@ def refine(graph: gs.Graph, plan: Plan, ruleset: RuleSet, selection: Selection,
         return plan
     before = predict(graph, plan, ruleset.target)
     quantized = label(ruleset.precision)
-    found = costly_regions(before, rule.max_flops_share)
-    nodes = region_nodes(before, plan, rule, selection, quantized, data_shares(graph, dims) if found else None)
+    regions = costly_regions(before, rule.max_flops_share)
+    nodes = region_nodes(regions, plan, rule, selection, quantized, data_shares(graph, dims) if regions else None)
     if not nodes:
         nodes = no_int8_nodes(before, plan, rule, selection, quantized)
         # no INT8 layer: the Q/DQ are reformats and nothing else, whether inside the network or not
