@@ -108,6 +108,9 @@ RULES = {   # name: (file content, words of the error)
                      '"any" is for [[exclude]] only'),
     "path-is-str": (HEAD + '[[exclude]]\nid = "e-path"\ndoc = "d"\nref = "r"\npath = "Conv"\n',
                     "`path` must be a list of strings, not 'Conv'"),
+    # a P14 switch-off written without the format line (met on 2026-11-29): names the line and the fix
+    "no-schema": ('[[region]]\nid = "P14-small-int8-region"\ndoc = "d"\nref = "r"\nmax_flops_share = 0\n',
+                  "expected `schema = 1` at the top; add it (the rule-file format version)"),
 }
 
 
