@@ -16,7 +16,7 @@ from modelopt.onnx.quantization import quantize
 d = np.load(sys.argv[2])
 data = {k: d[k][: int(sys.argv[4])] for k in d.files}
 data = {k: v.reshape(-1, *v.shape[2:]) if v.ndim >= 2 and v.shape[1] == 1 else v for k, v in data.items()}
-quantize(sys.argv[1], quantize_mode="int8", calibration_data=data, calibration_method="max",
+quantize(sys.argv[1], quantize_mode="int8", calibration_data=data, calibration_method=sys.argv[5],
          calibration_eps=["cpu"], output_path=sys.argv[3], log_level="ERROR")
 '''
 
@@ -39,13 +39,14 @@ def ort_qdq(src: Path, calib: Path, dst: Path, samples: int, signed: bool = Fals
     quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True, **types)
 
 
-def modelopt_int8(src: Path, calib: Path, dst: Path, python: str, samples: int) -> str | None:
-    """Model Optimizer's INT8 (max calibration, its FP16 float parts) into `dst`; None when it wrote
-    the model, else its last error line. It gets a private copy: 0.47 saves over its input."""
+def modelopt_int8(src: Path, calib: Path, dst: Path, python: str, samples: int, method: str = "max") -> str | None:
+    """Model Optimizer's INT8 (`method`: its calibration, "max" or "entropy", its own default; its FP16
+    float parts) into `dst`; None when it wrote the model, else its last error line. It gets a private
+    copy: 0.47 saves over its input."""
     with tempfile.TemporaryDirectory() as d:
         private = Path(d) / src.name
         shutil.copy2(src, private)
-        p = subprocess.run([python, "-c", MO_CHILD, str(private), str(calib), str(dst), str(samples)],
+        p = subprocess.run([python, "-c", MO_CHILD, str(private), str(calib), str(dst), str(samples), method],
                            capture_output=True, text=True, check=False)
     if dst.exists():
         return None

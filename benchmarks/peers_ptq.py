@@ -38,6 +38,7 @@ left float (TensorRT takes no INT32 bias), and the tool's own accuracy recipe:
   modelopt        NVIDIA Model Optimizer's INT8 (benchmarks/peer_int8.modelopt_int8: max calibration, its
                   defaults otherwise, so the float parts become FP16), in its own venv
                   (benchmarks/setup_modelopt.sh, --modelopt-python)
+  modelopt-entropy  the same with Model Optimizer's own default calibration for INT8 (entropy)
 
 Each written model is then measured in the project's python, the same way for every tool:
   * output SQNR and cosine to the float model on --holdout samples no tool saw (odd-indexed samples of
@@ -75,7 +76,8 @@ SETS = ("zoo", "tfm")
 PEERS = ("aimet-cle", "aimet-adaround", "aimet-seqmse", "quark-cle", "quark-adaround", "quark-adaquant",
          "quark-cle-gemm")
 GEMMS = ["Conv", "ConvTranspose", "Gemm", "MatMul"]
-TOOLS = ("qdqgraph", *PEERS, "modelopt")
+MODELOPT = {"modelopt": "max", "modelopt-entropy": "entropy"}     # tool -> its calibration_method
+TOOLS = ("qdqgraph", *PEERS, *MODELOPT)
 
 
 def log(*a):
@@ -224,11 +226,11 @@ def quantize(tool: str, model: Path, calib: Path, out: Path, a) -> dict:
     """Run `tool` on `model` in a child process; {ok, seconds, error, ...}."""
     out.unlink(missing_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if tool == "modelopt":
+    if tool in MODELOPT:
         sys.path.insert(0, str(HERE))
         from peer_int8 import modelopt_int8
         t = time.perf_counter()
-        err = modelopt_int8(model, calib, out, a.modelopt_python, a.samples)
+        err = modelopt_int8(model, calib, out, a.modelopt_python, a.samples, MODELOPT[tool])
         return {"ok": err is None and out.exists(), "seconds": round(time.perf_counter() - t, 2), "error": err}
     if tool == "qdqgraph":
         cmd = [str(Path(sys.executable).parent / "qdqgraph"), "insert", str(model), "--calib", str(calib),

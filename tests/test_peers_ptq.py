@@ -136,3 +136,21 @@ def test_unfused_scoring_computes_the_qdq_as_written(tmp_path):
     sqnr = 10 * np.log10(ref @ ref / ((ref - out) @ (ref - out)))
     assert got["samples"] == 3
     assert abs(got["outputs"]["y"]["sqnr_db"] - sqnr) < 0.02
+
+
+def test_model_optimizer_runs_with_the_calibration_asked(tmp_path):
+    """`modelopt` is Model Optimizer with max calibration; `modelopt-entropy` with its own INT8 default."""
+    assert _module().MODELOPT == {"modelopt": "max", "modelopt-entropy": "entropy"}
+    peer = benchmark("peer_int8")
+    fake = tmp_path / "python"          # stands in for the Model Optimizer venv's python: writes its argv
+    fake.write_text('#!/bin/sh\nshift 2\nprintf "%s\\n" "$@" > "$3"\n')
+    fake.chmod(0o755)
+    src, calib = tmp_path / "m.onnx", tmp_path / "c.npz"
+    src.write_bytes(b"model")
+    calib.write_bytes(b"data")
+    for method in ("max", "entropy"):
+        dst = tmp_path / f"{method}.onnx"
+        assert peer.modelopt_int8(src, calib, dst, str(fake), 16, method) is None
+        argv = dst.read_text().splitlines()
+        assert argv[1:] == [str(calib), str(dst), "16", method]
+        assert Path(argv[0]).name == "m.onnx" and Path(argv[0]) != src      # a private copy of the model
