@@ -71,6 +71,8 @@ class Result:
     # reference): `qdqgraph insert --verify` compares against them instead of running the float
     # model again (execution.evaluate.compare's `reference`)
     reference: Any = field(default=None, repr=False, compare=False)
+    # the work the caller's `ahead` started on the written model (execution.ahead.Ahead), or None
+    ahead: Any = field(default=None, repr=False, compare=False)
 
 
 def _asked_data(cfg: QuantizeConfig) -> list[tuple[str, str, str]]:
@@ -115,7 +117,7 @@ def _require_data(cfg: QuantizeConfig, calib, calib_cache) -> None:
 
 
 def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_cache=None, progress=None,
-             **options) -> Result:
+             ahead: Callable | None = None, **options) -> Result:
     """Float ONNX (path or ModelProto) in, Q/DQ ModelProto out, with the plan and a report.
 
     `calib` is a .npz/.npy path, a folder of them, a folder of images (with `preprocess`), a dict
@@ -124,10 +126,14 @@ def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_c
     lacks. Everything else is a `QuantizeConfig`, given whole (`config=`) or as keyword arguments
     of the same names (method, percentile, rules, exclude_nodes, high_precision, accuracy_budget, ...);
     see qdqgraph.config for each one and its default.
+
+    `ahead(written ModelProto, reference)`: called once the written model exists, before its
+    prediction; what it returns (an execution.ahead.Ahead: work on the model in a child process,
+    such as `insert --verify`'s comparison) is `Result.ahead`, and is cancelled if the run fails after it.
     """
     check_arguments(model, calib, config, calib_cache)
     with fewer_collections(), distributed.scope():     # a Ray started for one stage serves the next
-        return _quantize(model, calib, config, calib_cache, progress, options)
+        return _quantize(model, calib, config, calib_cache, progress, options, ahead)
 
 
 @dataclass
@@ -151,6 +157,7 @@ class _Run:
     measured_: bool | None = None
     reference: object = None         # float outputs on the first samples (calibration's, the fidelity reference), for --verify
     products: massive_columns.Products | None = None   # massive columns' maxima from output-aware's float run
+    ahead: Callable | None = None    # quantize()'s `ahead`
 
     @property
     def real(self) -> CalibrationData | None:
@@ -174,8 +181,9 @@ class _Step:
     apply: Callable[[_Run], None]
 
 
-def _quantize(model, calib, config, calib_cache, progress, options) -> Result:
+def _quantize(model, calib, config, calib_cache, progress, options, ahead=None) -> Result:
     run = _start(model, calib, config, calib_cache, progress, options)
+    run.ahead = ahead
     if precision(run.cfg.precision).weights_only:
         return _quantize_int4(run.loaded, run.real, run.cfg, run.report)
     with run.report.stage("plan"):
@@ -393,8 +401,22 @@ def _insert(run: _Run) -> None:
 
 def _finish(run: _Run) -> Result:
     """The writing stage, the prediction, what to tell the user, --require-int8, the speed line."""
+    model_out, final = write_model(run.loaded, run.inserted["provenance"], run.cfg, run.real,  # type: ignore[index]
+                                   run.report)
+    started = run.ahead(model_out, run.reference) if run.ahead is not None else None
+    try:
+        result = _predicted(run, model_out, final)
+    except BaseException:
+        if started is not None:
+            started.cancel()
+        raise
+    result.ahead = started
+    return result
+
+
+def _predicted(run: _Run, model_out: proto.ModelProto, final: io.Loaded) -> Result:
+    """The written model's prediction and what it tells the user (see `_finish`)."""
     cfg, report, loaded, plan = run.cfg, run.report, run.loaded, run.plan
-    model_out, final = write_model(loaded, run.inserted["provenance"], cfg, run.real, report)   # type: ignore[index]
     with report.stage("simulate"):
         sim = _predict(final, report, cfg.target, cfg.precision, written=model_out)
     report.notes += advice.explain(loaded.graph, plan, run.real, report.tensorrt)

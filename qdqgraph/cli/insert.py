@@ -16,7 +16,7 @@ from ..pipeline import default_output
 from .build import check_engine_args, build_and_check
 from ..execution.distributed import require
 from ..prepare import read_data
-from ..execution import evaluate
+from ..execution import ahead, evaluate, runtime
 from typing import Any
 import numpy as np
 from ..backends.profiles import from_flags
@@ -205,6 +205,27 @@ def verify_samples(asked: int | None, config) -> tuple[int, int | None]:
     return VERIFY_SAMPLES, None if config.accuracy_budget is not None else VERIFY_VALUES
 
 
+# --verify's comparison starts in a child process (execution.ahead) as soon as the written model
+# exists, where the session it opens costs more than forking: on a written graph of
+# runtime.LARGE_GRAPH_NODES nodes or more, whose weights are at most AHEAD_MAX_BYTES (the child's
+# session holds a float32 copy of them beside the parent's memory for the while).
+AHEAD_MAX_BYTES = 256 << 20
+
+
+def verify_ahead(model) -> bool:
+    """Whether --verify's comparison of the written `model` starts ahead (see AHEAD_MAX_BYTES)."""
+    return len(model.graph.node) >= runtime.LARGE_GRAPH_NODES and \
+        sum(io.declared_bytes(t) for t in model.graph.initializer) <= AHEAD_MAX_BYTES
+
+
+def _read_ahead(result):
+    """The comparison the run started ahead (ahead.Failed where it has none or the child failed)."""
+    started, result.ahead = result.ahead, None
+    if started is None:
+        raise ahead.Failed("not started ahead")
+    return started.result()
+
+
 def run(args) -> int:
     config = a.config(args)                          # every option checked before any work
     a.at_least(args.verify, "--verify", 0)
@@ -231,28 +252,46 @@ def run(args) -> int:
         a.check_providers(config.providers)
     if config.ray:                                  # Ray missing: one line naming the extra, before any work
         require()
-    result = run_with_bars(args, lambda progress: pipeline.quantize(args.model, args.calib, config=config,
-                                                           calib_cache=args.calib_cache, progress=progress))
+    compares = not args.quiet and samples > 0 and args.calib is not None and args.calib != "random" \
+        and config.high_precision != "bf16"
+
+    def comparison(model, reference, progress=None):
+        # against the float outputs the run computed where it has them (evaluate.reused), else
+        # against the float model run again
+        return evaluate.compare(args.model, model, calib=args.calib, samples=samples, tensors=False,
+                                preprocess=args.preprocess, progress=progress, reference=reference, enough=enough)
+
+    def compare_ahead(model, reference):
+        return ahead.start(lambda: comparison(model, reference)) if verify_ahead(model) else None
+
+    result = run_with_bars(args, lambda progress: pipeline.quantize(
+        args.model, args.calib, config=config, calib_cache=args.calib_cache, progress=progress,
+        ahead=compare_ahead if compares and not config.ray else None))
     verify = None
     if not args.quiet and samples > 0 and config.high_precision == "bf16":
         def verify():                  # onnxruntime's CPU kernels stop at FP16; TensorRT runs BF16 islands
             print("verify skipped: onnxruntime's CPU has no bfloat16 kernels for this model's BF16 islands "
                   "(compare it on a GPU provider, or insert with --high-precision fp16 or fp32 to check here)")
-    elif not args.quiet and samples > 0 and args.calib is not None and args.calib != "random":
+    elif compares:
         def verify():
-            progress = bars(args)
+            progress = None
             try:
-                # against the float outputs the run computed where it has them (evaluate.reused), else
-                # against the float model run again
-                print(evaluate.compare(args.model, result.model, calib=args.calib, samples=samples, tensors=False,
-                              preprocess=args.preprocess, progress=progress, reference=result.reference,
-                              enough=enough).table())
+                try:
+                    found = _read_ahead(result)
+                except ahead.Failed:
+                    progress = bars(args)
+                    found = comparison(result.model, result.reference, progress)
+                print(found.table())
                 print(HELD_OUT_HINT.format(model=shlex.quote(str(args.model)), out=shlex.quote(str(out))))
             finally:
                 result.reference = None
                 if progress is not None:
                     progress.close()
-    written = write_result(result, args, out, report_path, verify)
+    try:
+        written = write_result(result, args, out, report_path, verify)
+    finally:
+        if result.ahead is not None:            # not read: the run failed before --verify
+            result.ahead.cancel()
     if args.engine:
         loaded = io.load(written[0])
         loaded.fixed_inputs = tuple(config.fixed)    # the written model lacks them
