@@ -156,3 +156,11 @@ def test_an_interrupted_wait_stops_the_child():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_no_child_off_linux_or_on_one_core(monkeypatch):
+    monkeypatch.setattr(ahead.sys, "platform", "darwin")
+    assert not ahead.available() and ahead.start(lambda: 1) is None
+    monkeypatch.setattr(ahead.sys, "platform", "linux")
+    monkeypatch.setattr(ahead, "usable_cores", lambda: 1)
+    assert not ahead.available() and ahead.start(lambda: 1) is None

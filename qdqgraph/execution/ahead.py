@@ -10,7 +10,7 @@ fork (copy on write), so the comparison is the one the parent would have made.
 
 Where the child fails in any way (an exception, a crash, a result that does not unpickle), `result`
 raises `Failed` and the caller computes the work itself: the child only ever saves time. There is
-no child where os.fork is missing, on a single core, or while Ray runs in the process.
+no child but on Linux, on a single core, or while Ray runs in the process.
 """
 from __future__ import annotations
 
@@ -33,8 +33,10 @@ def usable_cores() -> int:
 
 
 def available() -> bool:
-    """Whether work can be started ahead here: os.fork exists and a second core is usable."""
-    return hasattr(os, "fork") and usable_cores() >= 2
+    """Whether work can be started ahead here: on Linux (macOS's system libraries are not safe to use
+    in a child forked without exec, which is why Python's multiprocessing spawns there), with a
+    second core usable."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork") and usable_cores() >= 2
 
 
 class Ahead:
