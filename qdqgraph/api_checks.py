@@ -110,11 +110,14 @@ def shard(value, func: str) -> None:
         raise QdqError(f"{func}(shard=({i}, {n})): i must be in 1..n", "pass e.g. shard=(1, 4)")
 
 
-def quantize(model_, calib_, config_, calib_cache_) -> None:
+def quantize(model_, calib_, config_, calib_cache_, ahead_=None) -> None:
     model(model_, "quantize")
     calib(calib_, "quantize")
     config(config_, "quantize")
     calib_cache(calib_cache_, "quantize")
+    if ahead_ is not None and not callable(ahead_):
+        raise ArgumentTypeError(f"quantize(ahead=...) takes a function of (written model, float outputs), "
+                                f"not {_got(ahead_)}", "pass a callable, or leave ahead out")
 
 
 def calibrate(model_, calib_, config_, shard_) -> None:

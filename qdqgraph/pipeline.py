@@ -131,7 +131,7 @@ def quantize(model, calib=None, *, config: QuantizeConfig | None = None, calib_c
     prediction; what it returns (an execution.ahead.Ahead: work on the model in a child process,
     such as `insert --verify`'s comparison) is `Result.ahead`, and is cancelled if the run fails after it.
     """
-    check_arguments(model, calib, config, calib_cache)
+    check_arguments(model, calib, config, calib_cache, ahead)
     with fewer_collections(), distributed.scope():     # a Ray started for one stage serves the next
         return _quantize(model, calib, config, calib_cache, progress, options, ahead)
 

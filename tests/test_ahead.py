@@ -164,3 +164,11 @@ def test_no_child_off_linux_or_on_one_core(monkeypatch):
     monkeypatch.setattr(ahead.sys, "platform", "linux")
     monkeypatch.setattr(ahead, "usable_cores", lambda: 1)
     assert not ahead.available() and ahead.start(lambda: 1) is None
+
+
+def test_quantize_refuses_an_ahead_that_is_not_a_function(model_and_data):
+    import qdqgraph
+    from qdqgraph.errors import QdqError
+    mp, dp = model_and_data
+    with pytest.raises(QdqError, match=r"quantize\(ahead=\.\.\.\) takes a function"):
+        qdqgraph.quantize(str(mp), calib=str(dp), ahead=1)
