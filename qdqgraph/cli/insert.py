@@ -108,7 +108,8 @@ def add(sub) -> None:
     g.add_argument("--verify", type=int, default=None, metavar="N",
                    help=f"compare float and quantized outputs on the first N calibration samples (0 = off; "
                         f"default: {VERIFY_SAMPLES}, stopping once {VERIFY_VALUES / 1e6:g} M output values are "
-                        f"compared: 4 samples of a 1,500-token encoder's states)")
+                        f"compared: 4 samples of a 1,500-token encoder's states; on a written graph of "
+                        f"{runtime.LARGE_GRAPH_NODES:,} nodes or more it runs in a child process while the prediction runs)")
     g = p.add_argument_group("deployment (TensorRT and a GPU)")
     g.add_argument("--engine", metavar="MODEL.plan", help="also build a TensorRT engine from the output")
     a.add_shapes(p)
