@@ -162,7 +162,7 @@ def test_no_child_off_linux_or_on_one_core(monkeypatch):
     monkeypatch.setattr(ahead.sys, "platform", "darwin")
     assert not ahead.available() and ahead.start(lambda: 1) is None
     monkeypatch.setattr(ahead.sys, "platform", "linux")
-    monkeypatch.setattr(ahead, "usable_cores", lambda: 1)
+    monkeypatch.setattr(ahead, "cores", lambda: 1)
     assert not ahead.available() and ahead.start(lambda: 1) is None
 
 
@@ -172,3 +172,18 @@ def test_quantize_refuses_an_ahead_that_is_not_a_function(model_and_data):
     mp, dp = model_and_data
     with pytest.raises(QdqError, match=r"quantize\(ahead=\.\.\.\) takes a function"):
         qdqgraph.quantize(str(mp), calib=str(dp), ahead=1)
+
+
+def test_no_child_while_ray_runs_in_the_process(monkeypatch):
+    import sys
+    import types
+    from qdqgraph.execution import distributed
+    fake = types.ModuleType("ray")
+    fake.is_initialized = lambda: True
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    assert distributed.running() and ahead.start(lambda: 1) is None
+    fake.is_initialized = lambda: False
+    job = ahead.start(lambda: 1)
+    assert job is not None and job.result() == 1
+    monkeypatch.delitem(sys.modules, "ray")
+    assert not distributed.running()

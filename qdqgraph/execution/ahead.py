@@ -20,23 +20,19 @@ import signal
 import sys
 from typing import Any, Callable
 
+from ..calib.collect import cores
+from . import distributed
+
 
 class Failed(Exception):
     """The child did not hand back a result; the work is to be done in the process."""
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def available() -> bool:
     """Whether work can be started ahead here: on Linux (macOS's system libraries are not safe to use
     in a child forked without exec, which is why Python's multiprocessing spawns there), with a
     second core usable."""
-    return sys.platform.startswith("linux") and hasattr(os, "fork") and usable_cores() >= 2
+    return sys.platform.startswith("linux") and hasattr(os, "fork") and cores() >= 2
 
 
 class Ahead:
@@ -125,17 +121,9 @@ def _child(fn: Callable[[], Any], read: int, write: int) -> None:
 
 def start(fn: Callable[[], Any]) -> Ahead | None:
     """`fn` started in a forked child, or None where that is not available (`available`)."""
-    if not available() or "ray" in sys.modules and _ray_running():
+    if not available() or distributed.running():
         return None
     try:
         return Ahead(fn)
     except OSError:
         return None
-
-
-def _ray_running() -> bool:
-    try:
-        import ray
-        return bool(ray.is_initialized())
-    except Exception:  # noqa: BLE001 - an unusable Ray is not running
-        return False

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 
 from ..graph import io
@@ -48,6 +49,15 @@ REPORT_SECONDS = 0.2               # how often a task sends its counts (at most)
 CONNECT_SECONDS = 10.0             # to wait for a cluster's address to answer at all
 _CONNECT_FIX = ("check the address (start a cluster with `ray start --head`), or pass --ray without an "
                 "address for a Ray on this machine")
+
+
+def running() -> bool:
+    """Whether this process is connected to Ray (Ray is not imported to say no)."""
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and bool(ray.is_initialized())
+    except Exception:  # noqa: BLE001 - a Ray that cannot answer is not one to share the process with
+        return False
 
 
 def require():
