@@ -1,5 +1,6 @@
-"""A convolution's geometry from its attributes, and a grouped convolution in numpy for the
-recipes that compute one layer alone (learned rounding's patches, the depthwise check)."""
+"""A convolution's geometry from its attributes, its input as receptive-field patches, and a
+grouped convolution in numpy for the recipes that compute one layer alone (learned rounding's and
+output-aware scales' patches, the depthwise check)."""
 from __future__ import annotations
 
 import itertools
@@ -58,3 +59,35 @@ def grouped_conv(node: gs.Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | No
     if b is not None:
         y += b.reshape(spread)
     return y
+
+
+def patches(node: gs.Node, x: np.ndarray, kernel: tuple, positions: np.ndarray) -> np.ndarray:
+    """The receptive fields of the output `positions` (flat indices into the output's spatial grid)
+    of the Conv `node` on one sample `x` [C, *spatial], as [len(positions), C, prod(kernel)]: the
+    patch of each position, channel-major, in the order of the weight's [O, C/group, *kernel]
+    flattened past its first axis (a patch row times that flattened weight is the output there,
+    bias aside, for one group)."""
+    strides, dil, pads, outs = conv_geometry(node, x.shape[1:], kernel)
+    d = len(kernel)
+    xp = np.pad(x, [(0, 0)] + [(pads[i], pads[i + d]) for i in range(d)])
+    pos = np.unravel_index(positions, outs)
+    cols = []
+    for offs in itertools.product(*(range(k) for k in kernel)):
+        idx = tuple(pos[i] * strides[i] + offs[i] * dil[i] for i in range(d))
+        cols.append(xp[(slice(None),) + idx])           # [C, n]
+    return np.stack(cols, axis=-1).transpose(1, 0, 2)   # [n, C, prod(kernel)]
+
+
+def output_positions(node: gs.Node, spatial: tuple, kernel: tuple) -> int:
+    """How many output positions the Conv `node` has on input sizes `spatial`."""
+    return int(np.prod(conv_geometry(node, spatial, kernel)[3]))
+
+
+def patch_rows(node: gs.Node, x: np.ndarray, kernel: tuple, most: int) -> np.ndarray:
+    """The receptive fields of the Conv `node` on `x` [N, C, *spatial] as rows [n, C * prod(kernel)]
+    (channel-major, `patches`), of at most `most` output positions of each of the N samples,
+    evenly strided over the output grid (every position where there are no more)."""
+    total = output_positions(node, x.shape[2:], kernel)
+    step = max(1, -(-total // most))
+    at = np.arange(0, total, step)
+    return np.concatenate([patches(node, one, kernel, at).reshape(len(at), -1) for one in x])

@@ -29,7 +29,6 @@ converted alone, from numpy arrays, on the CPU.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 
@@ -38,7 +37,7 @@ import onnx_graphsurgeon as gs
 
 from ..graph import io
 from ..samples.data import CalibrationData
-from .conv_math import conv_geometry
+from .conv_math import output_positions, patches
 from ..errors import QdqError
 from ..precisions.formats import INT8
 from ..placement.plan import Plan, Site
@@ -170,20 +169,10 @@ def _patches(t: Target, kernel: tuple, x: np.ndarray, n: int, rng: np.random.Gen
         return r[rng.choice(r.shape[0], min(n, r.shape[0]), replace=False)][:, None, :]
     g = int(t.node.attrs.get("group", 1))
     x = x[0] if x.ndim == len(kernel) + 2 else x        # [C, *spatial], batch 1
-    strides, dil, pads, outs = conv_geometry(t.node, x.shape[1:], kernel)
-    d = len(kernel)
-    xp = np.pad(x, [(0, 0)] + [(pads[i], pads[i + d]) for i in range(d)])
-    total = int(np.prod(outs))
+    total = output_positions(t.node, x.shape[1:], kernel)
     pick = rng.choice(total, min(n, total), replace=False)
-    pos = np.unravel_index(pick, outs)
-    cols = []
-    for offs in itertools.product(*(range(k) for k in kernel)):
-        idx = tuple(pos[i] * strides[i] + offs[i] * dil[i] for i in range(d))
-        cols.append(xp[(slice(None),) + idx])           # [C, n]
-    p = np.stack(cols, axis=-1)                         # [C, n, prod(kernel)]
-    c = p.shape[0]
-    p = p.transpose(1, 0, 2).reshape(len(pick), g, c // g * p.shape[2])
-    return p
+    p = patches(t.node, x, kernel, pick)                # [n, C, prod(kernel)]
+    return p.reshape(len(pick), g, p.shape[1] // g * p.shape[2])
 
 
 # ---------------------------------------------------------------- the optimization
