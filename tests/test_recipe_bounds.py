@@ -82,9 +82,9 @@ def test_output_aware_states_its_sample_and_honours_the_row_cap(monkeypatch):
     seen = []
     real = output_aware._choose
 
-    def spy(view, linear, xs, cmax):
+    def spy(view, linear, xs, cmax, pooled=None):
         seen.extend(x.shape[0] for x in xs.values())
-        return real(view, linear, xs, cmax)
+        return real(view, linear, xs, cmax, pooled)
     monkeypatch.setattr(output_aware, "_choose", spy)
     m = motifs.attention_block()
     data = {k: np.repeat(v[:1], 12, axis=0) for k, v in motifs.sample_data(m).items()}

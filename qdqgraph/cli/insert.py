@@ -82,8 +82,10 @@ def add(sub) -> None:
                    help="keep float the last layers of an output whose own SQNR is far below the others' (a "
                         "regression head beside a classifier), where they cost at most 2%% of the FLOPs")
     g.add_argument("--output-aware", choices=["auto", "on", "off"], default="auto",
-                   help="choose each MatMul/Gemm input's range and smoothing by the error in the layer's output "
-                        "(auto: on for transformers: a LayerNorm or an attention block, with --calib data)")
+                   help="choose each MatMul/Gemm input's range and smoothing by the error in the layer's output, "
+                        "and a convolution's where a global max pool reads it, by the error at the maxima (auto: "
+                        "on for transformers: a LayerNorm or an attention block, and for those convolutions, "
+                        "with --calib data)")
     g.add_argument("--int8-attention", choices=list(a.ATTENTION_MODES), default="auto",
                    help="INT8 for the attention's two batched GEMMs (TensorRT's fused INT8 attention); auto: "
                         f"keep it while it costs at most {a.ATTENTION_MAX_LOSS_DB:g} dB output SQNR, measured")

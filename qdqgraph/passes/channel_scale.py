@@ -44,10 +44,15 @@ def foldable(view: GraphView, t: gs.Tensor, readers: set[str]) -> bool:
 
 
 def scale_weights(view: GraphView, readers: list[gs.Node], scale: np.ndarray) -> None:
-    """Multiply the readers' weight rows (input channels) by `scale`."""
+    """Multiply the readers' weight rows (input channels) by `scale`: of a MatMul/Gemm's 2-D weight,
+    or axis 1 of a convolution's [O, C, *kernel]."""
     for n in readers:
         w = view.constant(n.inputs[1])
-        shaped = scale.reshape(-1, 1) if k_axis(view, n) == 0 else scale.reshape(1, -1)
+        if w.ndim >= 3:
+            shape: tuple[int, ...] = (1, -1) + (1,) * (w.ndim - 2)
+        else:
+            shape = (-1, 1) if k_axis(view, n) == 0 else (1, -1)
+        shaped = scale.reshape(shape)
         _replace(view, n, 1, gs.Constant(f"{n.name or n.outputs[0].name}_weight_smoothed",
                                          (w.astype(np.float64) * shaped).astype(w.dtype)))
 
@@ -98,8 +103,12 @@ def fold_producer(view: GraphView, t: gs.Tensor, scale: np.ndarray) -> list | No
     return undo
 
 
-def insert_mul(graph: gs.Graph, x: gs.Tensor, readers: list[gs.Node], scale: np.ndarray) -> gs.Tensor:
-    inv = gs.Constant(f"{x.name}_smooth_scale", (1.0 / scale).astype(np.float32))
+def insert_mul(graph: gs.Graph, x: gs.Tensor, readers: list[gs.Node], scale: np.ndarray,
+               trailing: int = 0) -> gs.Tensor:
+    """A Mul of `x` by 1/`scale` in front of `readers`, the scale running over the axis of `x` that
+    has `trailing` axes after it (0: the last; a convolution's input: its spatial axes)."""
+    inv = gs.Constant(f"{x.name}_smooth_scale",
+                      (1.0 / scale).astype(np.float32).reshape((-1,) + (1,) * trailing))
     xs = gs.Variable(f"{x.name}_smoothed", dtype=x.dtype, shape=x.shape)
     graph.nodes.append(gs.Node(MUL, f"{x.name}_smooth", inputs=[x, inv], outputs=[xs]))
     for n in readers:

@@ -38,6 +38,9 @@ class Choice:
     plain_error: float            # the same without the pass (alpha 0, the tensor's max range... best plain clip)
     folded: str = ""              # "layernorm" or "producer" when the smoothing adds no node
     scale: np.ndarray | None = None
+    trailing: int = 0             # the tensor's axes after the one smoothed: 0 for a linear layer's
+                                  # input (its last axis), the spatial axes of a convolution's (axis 1)
+    pooled: bool = False          # measured where a global max pool reads the layer (recipes/pooled.py)
 
 
 @declare("output_aware")
@@ -84,12 +87,16 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict,
             done["producer"].append(name)
     _multiply(loaded, view, [c for c in choices if c.scale is not None and c.tensor not in done["layernorm"]
                              and c.tensor not in done["producer"]], nodes, ranges, done["mul"])
-    details = {c.tensor: {"alpha": c.alpha, "amax": c.amax, "error": c.error, "plain_error": c.plain_error,
-                          "smoothing": (c.folded or "mul") if c.scale is not None else "none"} for c in choices}
-    return result("output_aware", any(done.values()), tensors=details, folded=done["layernorm"] + done["producer"],
+    return result("output_aware", any(done.values()), tensors={c.tensor: _detail(c) for c in choices}, folded=done["layernorm"] + done["producer"],
                   into_producer=done["producer"], multiplied=done["mul"],
                   rescaled=sorted({n for kind in ("layernorm", "producer") for t in done[kind]    # io.RESCALED_KEY
                                    for n in fold_reach(view, view.tensors[t], kind)})), ranges
+
+
+def _detail(c: Choice) -> dict:
+    return {"alpha": c.alpha, "amax": c.amax, "error": c.error, "plain_error": c.plain_error,
+            "smoothing": (c.folded or "mul") if c.scale is not None else "none",
+            "measured": "pooled maxima" if c.pooled else "rows"}
 
 
 def _multiply(loaded: io.Loaded, view: GraphView, choices: list[Choice], nodes: dict, ranges: dict,
@@ -99,7 +106,7 @@ def _multiply(loaded: io.Loaded, view: GraphView, choices: list[Choice], nodes: 
     for c in choices:
         assert c.scale is not None, "only smoothed tensors are multiplied"
         c.folded = ""
-        xs = insert_mul(loaded.graph, view.tensors[c.tensor], [nodes[n] for n in c.nodes], c.scale)
+        xs = insert_mul(loaded.graph, view.tensors[c.tensor], [nodes[n] for n in c.nodes], c.scale, c.trailing)
         scale_weights(view, [nodes[n] for n in c.nodes], c.scale)
         ranges[xs.name] = ranges.pop(c.tensor)
         done.append(c.tensor)
@@ -122,9 +129,12 @@ def _output_aware_lines(results, ctx) -> list[str]:
     rows = oa.get("rows")
     sampled = (f"; chosen on at most {rows['rows_kept']} rows of each, strided over {rows['rows_seen']} rows of "
                f"{rows['samples']} sample(s)") if rows else ""
-    return [f"output-aware scales: {len(t)} linear-layer inputs, {n_smoothed} smoothed "
+    pooled = [name for name, v in t.items() if v.get("measured") == "pooled maxima"]
+    at_max = (f"; {len(pooled)} read by a global max pool, measured at the float maxima of their layer's "
+              f"output") if pooled else ""
+    return [f"output-aware scales: {len(t)} input(s) of linear layers and convolutions, {n_smoothed} smoothed "
             f"({len(oa['folded'])} folded into a LayerNorm or the producing layer, "
-            f"{len(oa['multiplied'])} by an inserted Mul){sampled}"]
+            f"{len(oa['multiplied'])} by an inserted Mul){sampled}{at_max}"]
 
 
 describe("output_aware", 60, lines=_output_aware_lines, fields={"output_aware": _details})

@@ -49,6 +49,41 @@ def targets(graph: gs.Graph, plan: Plan) -> dict[str, list[gs.Node]]:
     return out
 
 
+CONV_GEOMETRY = ("kernel_shape", "strides", "pads", "dilations", "auto_pad")
+
+
+def conv_targets(graph: gs.Graph, plan: Plan) -> dict[str, list[gs.Node]]:
+    """Activation tensor -> the convolutions that read it as input 0, where the plan quantizes both
+    that input and the node's weight: Conv (not transposed) of group 1 with a constant float weight
+    [O, C, *kernel], every reader of the tensor one of them and of the same geometry (so one set of
+    receptive-field patches serves them all). Smoothing input channel c divides the tensor's axis 1
+    and multiplies the weights' [:, c] by s_c."""
+    view = GraphView(graph)
+    nodes = {n.name: n for n in graph.nodes}
+    weighted = {name for s in plan.weight_sites() for name, i in s.edges if i == 1}
+    out: dict[str, list[gs.Node]] = {}
+    for site in plan.activation_sites():
+        readers = [nodes.get(name) for name, index in site.edges if index == 0]
+        if not readers or len(readers) != len(site.edges) or not all(_smoothable_conv(view, n, weighted, site.tensor)
+                                                                     for n in readers):
+            continue
+        geometry = {tuple((k, str(n.attrs.get(k))) for k in CONV_GEOMETRY) + (view.constant(n.inputs[1]).shape[2:],)
+                    for n in readers if n is not None}
+        if len(geometry) == 1:
+            out[site.tensor] = [n for n in readers if n is not None]
+    return out
+
+
+def _smoothable_conv(view: GraphView, node: gs.Node | None, weighted: set[str], tensor: str) -> bool:
+    if node is None or node.name not in weighted or not view.vocab.is_(node, "conv") or \
+            view.vocab.is_(node, "conv_transpose") or int(node.attrs.get("group", 1)) != 1:
+        return False
+    if not node.inputs or node.inputs[0].name != tensor or len(node.inputs) < 2:
+        return False
+    w = view.constant_value(node.inputs[1])
+    return w is not None and w.ndim >= 3 and np.issubdtype(w.dtype, np.floating)
+
+
 def channel_ranges(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
                    samples: int = 32) -> dict[str, np.ndarray]:
     """max |x| per last-axis channel of each tensor over the first `samples` samples (float model)."""

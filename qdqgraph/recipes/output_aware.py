@@ -23,6 +23,10 @@ sample (the tensor must come out divided by s) and undone, for a Mul, where it i
 the smoothing is a Mul in front of the readers, taken only when it cuts the error by MUL_GAIN or
 more, since TensorRT runs the Q after that Mul as a standalone reformat. The chosen range of each
 tensor is returned, to replace the calibrated one (`ranges`).
+
+A convolution whose output a global max pool reads is searched the same way, its input read as
+receptive-field patches and one smoothing factor per input channel, but measured where the pool
+reads it (recipes/pooled.py).
 """
 from __future__ import annotations
 
@@ -37,13 +41,16 @@ from ..graph.view import GraphView
 from ..passes.base import PassResult
 from ..passes.channel_scale import MAX_SCALE, fold_kind, k_axis
 from ..passes.output_aware import Choice, apply
-from ..passes.smooth import targets
+from ..passes.smooth import conv_targets, targets
 from ..placement.plan import Plan
 from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..samples.rows import RowSample
 from ..execution.profile import step
 from ..execution.runtime import float_activations, float_runs
+from .conv_math import patch_rows
+from .pooled import PooledRows, max_pooled
+from .pooled import errors as pooled_errors
 ALPHAS = (0.0, 0.5, 0.65, 0.8)
 CLIP_GRID = tuple(2.0 ** (-i / 2) for i in range(20))    # fractions of max|x|: 1 .. 0.0014, then
 REFINE = 2.0 ** 0.25                                      # the best one's neighbours at this ratio
@@ -64,13 +71,24 @@ PROJECT = 128             # outputs the error is measured on (a random projectio
 SCAN_TOP_ROWS = 1 / 16    # the grid is scanned on the rows with the largest values (this share of them)...
 SCAN_STRIDE = 8           # ... and every 8th of the others
 SCAN_KEEP = 2             # the best grid points of the scan, measured again on all rows
+SCAN_SAMPLES_SHARE = 4    # a pooled layer's grid is scanned on this share of its samples (recipes/pooled)
 MUL_GAIN = 0.25           # a smoothing that needs an inserted Mul must cut the output error by this much
+PATCH_POSITIONS = 2048    # output positions of a convolution taken as rows from each sample, at most
 
 
 def _weight(view: GraphView, node: gs.Node) -> np.ndarray:
-    """The node's weight as [K, M] (K: the input channels)."""
+    """The node's weight as [K, M] (K: the input channels; a convolution's [O, C, *kernel] as
+    [C * prod(kernel), O], channel-major, the order of its patch rows)."""
     w = view.constant(node.inputs[1]).astype(np.float32)
+    if w.ndim >= 3:
+        return w.reshape(w.shape[0], -1).T
     return w if k_axis(view, node) == 0 else w.T
+
+
+def _taps(view: GraphView, node: gs.Node) -> int:
+    """Kernel taps per input channel: 1 for a MatMul/Gemm, prod(kernel) for a convolution."""
+    w = view.constant(node.inputs[1])
+    return int(np.prod(w.shape[2:])) if w.ndim >= 3 else 1
 
 
 def _quant_weight(w: np.ndarray) -> np.ndarray:
@@ -111,13 +129,21 @@ class Rider(Protocol):
 
 
 def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
-         first_of: set[str] | None = None, riders: tuple[Rider, ...] = ()) -> tuple[dict, dict, dict, dict]:
+         first_of: set[str] | None = None, riders: tuple[Rider, ...] = (),
+         convs: dict[str, tuple[gs.Node, tuple]] | None = None,
+         pooled: dict[str, PooledRows] | None = None) -> tuple[dict, dict, dict, dict]:
     """({tensor: up to MAX_ROWS rows [N, K]}, {tensor: max |x| per channel over all rows seen},
     {tensor: its value on the first sample} for the tensors of `first_of` (all when None), what
     was sampled). The samples stream past (samples.rows.RowSample): at most SAMPLES of them, no
     more than it takes every tensor to show ROW_BUDGET rows, and only the rows kept are held.
-    `riders` get the graph outputs of the same runs."""
+    `riders` get the graph outputs of the same runs. A tensor of `convs` (-> (a convolution that
+    reads it, its kernel sizes)) is read as that convolution's receptive fields
+    (conv_math.patch_rows, at most PATCH_POSITIONS positions a sample), its channel maxima over
+    axis 1 of all its values; one of `pooled` also shows every position of each sample to its
+    PooledRows (recipes/pooled)."""
     sample = RowSample(MAX_ROWS, ROW_BUDGET, SAMPLES)
+    convs, pooled = convs or {}, pooled or {}
+    conv_max: dict[str, np.ndarray] = {}
     first: dict[str, np.ndarray] = {}
     outputs = {t.name for t in loaded.graph.outputs}
     extra = sorted({n for r in riders for n in r.names if n in outputs} - set(tensors))
@@ -127,13 +153,24 @@ def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
         values = {t: got[t] for t in tensors}
         if not sample.samples:
             first = {k: np.asarray(v, dtype=np.float32) for k, v in values.items() if first_of is None or k in first_of}
+        for t, (node, kernel) in convs.items():
+            v = np.asarray(values[t], dtype=np.float32)
+            m = np.abs(v).max(axis=tuple(i for i in range(v.ndim) if i != 1))
+            conv_max[t] = m if t not in conv_max else np.maximum(conv_max[t], m)
+            if t in pooled and not pooled[t].full():
+                for one in v:
+                    pooled[t].add(patch_rows(node, one[None], kernel, 1 << 62))
+            values[t] = patch_rows(node, v, kernel, PATCH_POSITIONS)
         if not sample.add(values, data.count):
             break
-    return sample.rows(), sample.channel_max(), first, sample.stated()
+    return sample.rows(), {**sample.channel_max(), **conv_max}, first, sample.stated()
 
 
-def _smoothing(cmax: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
+def _smoothing(cmax: np.ndarray, w: np.ndarray, alpha: float, taps: int = 1) -> np.ndarray:
+    """s of each input channel (of `cmax`); `w` [K, M] with K = channels * `taps` (channel-major)."""
     aw = np.abs(w).max(axis=1)
+    if taps > 1:
+        aw = aw.reshape(-1, taps).max(axis=1)
     ok = (cmax > 0) & (aw > 0)
     s = np.ones_like(cmax, dtype=np.float64)
     if alpha > 0:
@@ -154,15 +191,17 @@ def _projection(m: int) -> np.ndarray | None:
 
 
 def search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, ...] = (),
-           alphas: tuple[float, ...] = ALPHAS) -> tuple:
+           alphas: tuple[float, ...] = ALPHAS, taps: int = 1) -> tuple:
     """((alpha, amax, relative error) of the best candidate, best relative error at alpha 0).
     `x` [N, K] rows, `w` [K, M] the weights of every reader side by side, `extra`: more ranges to
     try at alpha 0 (the calibration's). The output error is measured through a random projection
     of the M outputs to PROJECT (Johnson-Lindenstrauss), which keeps the comparison between
     candidates and makes each one PROJECT/M as costly. The grid is scanned on a sample of the rows
     (`_scan_rows`); the SCAN_KEEP best of the scan, the `extra` ranges and the refinement are
-    measured on all of them, and only those errors are compared and returned."""
-    best, at_zero = _search(x, w, cmax, extra, alphas)
+    measured on all of them, and only those errors are compared and returned. `taps` > 1: the rows
+    are a convolution's receptive fields of `taps` values a channel (`cmax` per channel), and one
+    smoothing factor serves all of a channel's taps."""
+    best, at_zero = _search(x, w, cmax, extra, alphas, taps)
     return best, (at_zero[2] if at_zero is not None else None)
 
 
@@ -184,7 +223,7 @@ def _scan_rows(x: np.ndarray) -> tuple:
 
 
 def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, ...],
-            alphas: tuple[float, ...]) -> tuple:
+            alphas: tuple[float, ...], taps: int = 1, pooled: PooledRows | None = None) -> tuple:
     """`search`, returning the best candidate at alpha 0 as (0.0, amax, error) in second place (or
     None when alpha 0 is not among `alphas`).
 
@@ -200,8 +239,9 @@ def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, 
     p = _projection(w.shape[1])
     ref = x @ (w if p is None else w @ p)
     norm = float(np.sum(ref.astype(np.float64) ** 2)) or 1.0
-    scan_rows, scan_weights = _scan_rows(x)
+    scan_rows, scan_weights = _scan_rows(x) if pooled is None else (None, None)
     ref_scan = ref[scan_rows]
+    peaks = pooled.peaks() if pooled is not None else []
 
     def errors(xs, wq, ranges):
         """The relative output error of each range, on all rows: one product for all of them."""
@@ -223,33 +263,52 @@ def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, 
 
     best, at_zero = None, None
     for alpha in alphas:
-        s = _smoothing(cmax, w, alpha)
+        s = _smoothing(cmax, w, alpha, taps)
+        if taps > 1:
+            s = np.repeat(s, taps)
         xs = x / s
         wq = _quant_weight(w * s[:, None])
-        if p is not None:
-            wq = wq @ p
         top = float(np.abs(xs).max()) or 1.0
-        grid = [top * f for f in CLIP_GRID]
-        if scan_rows is not None and len(grid) > SCAN_KEEP:
-            xs_scan = xs[scan_rows]
-            scan = estimates(xs_scan, wq, grid)
-            keep = set(sorted(range(len(grid)), key=scan.__getitem__)[:SCAN_KEEP])
-            grid = [amax for i, amax in enumerate(grid) if i in keep]
-        here = None
-        candidates = grid + (list(extra) if alpha == 0 else [])
-        for amax, err in zip(candidates, errors(xs, wq, candidates)):
-            if here is None or err < here[1]:
-                here = (amax, err)
-        assert here is not None, "CLIP_GRID is not empty"
-        refine = [amax for amax in (here[0] / REFINE, here[0] * REFINE) if amax <= top]
-        for amax, err in zip(refine, errors(xs, wq, refine)):
-            if err < here[1]:
-                here = (amax, err)
+        scan = None
+        if pooled is not None:      # the error where a global max pool reads the output (recipes/pooled)
+            top = max([top] + [float(np.abs(r / s).max()) for r in pooled.rows])
+            measure = functools.partial(pooled_errors, pooled, peaks, s, wq, _quant_act)
+            if len(pooled.rows) >= 2 * SCAN_SAMPLES_SHARE:
+                scan = functools.partial(measure, part=len(pooled.rows) // SCAN_SAMPLES_SHARE)
+        else:
+            if p is not None:
+                wq = wq @ p
+            measure = functools.partial(errors, xs, wq)
+            if scan_rows is not None:
+                scan = functools.partial(estimates, xs[scan_rows], wq)
+        here = _best_range(top, measure, scan, list(extra) if alpha == 0 else [])
         if best is None or here[1] < best[2]:
             best = (alpha, here[0], here[1])
         if alpha == 0:
             at_zero = (0.0, here[0], here[1])
     return best, at_zero
+
+
+def _best_range(top: float, measure, scan, extra: list[float]) -> tuple[float, float]:
+    """(range, error) of the best of the grid below `top` (the SCAN_KEEP best of `scan`'s estimate of
+    it, where there is a scan) and `extra`, measured by `measure(ranges)`, then of its two neighbours
+    at REFINE."""
+    grid = [top * f for f in CLIP_GRID]
+    if scan is not None and len(grid) > SCAN_KEEP:
+        estimate = scan(grid)
+        keep = set(sorted(range(len(grid)), key=estimate.__getitem__)[:SCAN_KEEP])
+        grid = [amax for i, amax in enumerate(grid) if i in keep]
+    here = None
+    candidates = grid + extra
+    for amax, err in zip(candidates, measure(candidates)):
+        if here is None or err < here[1]:
+            here = (amax, err)
+    assert here is not None, "CLIP_GRID is not empty"
+    refine = [amax for amax in (here[0] / REFINE, here[0] * REFINE) if amax <= top]
+    for amax, err in zip(refine, measure(refine)):
+        if err < here[1]:
+            here = (amax, err)
+    return here
 
 
 def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[list[Choice], dict]:
@@ -260,43 +319,75 @@ def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[list[C
     return choices, first
 
 
-def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData,
-             riders: tuple[Rider, ...] = ()) -> tuple[list[Choice], dict, dict]:
-    """`choose`, and what was sampled (RowSample.stated) or {} when nothing was (and nothing was
-    run: the `riders` then got nothing)."""
-    view = GraphView(loaded.graph)
-    found = targets(loaded.graph, plan)
+def _targets(view: GraphView, loaded: io.Loaded, plan: Plan) -> tuple[dict, set[str]]:
+    """({activation: the linear layers or the convolution that read it}, the convolutions' inputs)
+    of every activation the search can choose for: read only by such layers, with a site of its
+    own whose range is not exact. A convolution's input only where a global max pool reads the
+    convolution alone (recipes/pooled.py): on other convolutions, measured on Whisper tiny.en's
+    encoder (its two) and ViT-S (its patch embedding), searching them lost 0.1 dB held out on
+    both, at the cost of their patches' float runs and search (docs/ACCURACY.md)."""
     sites = {s.tensor: s for s in plan.activation_sites()}
-    linear = {t: nodes for t, nodes in found.items()
-              if t in sites and len(sites[t].edges) == len(nodes) and sites[t].exact_amax is None
-              and not sites[t].group}
+
+    def own(t: str, nodes: list) -> bool:
+        return t in sites and len(sites[t].edges) == len(nodes) and sites[t].exact_amax is None and not sites[t].group
+    linear = {t: nodes for t, nodes in targets(loaded.graph, plan).items() if own(t, nodes)}
+    pooled = {t: nodes for t, nodes in conv_targets(loaded.graph, plan).items()
+              if own(t, nodes) and len(nodes) == 1 and max_pooled(view, nodes[0])}
+    return linear | pooled, set(pooled)
+
+
+def pooled_targets(loaded: io.Loaded, plan: Plan) -> list[str]:
+    """The activations the search measures where a global max pool reads their layer."""
+    view = GraphView(loaded.graph, lazy=True)
+    if not any(view.vocab.is_(n, "max_over_positions") for n in view.nodes):
+        return []                   # no pool: the targets are not looked for (a 10,000-node CNN)
+    return sorted(_targets(view, loaded, plan)[1])
+
+
+def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData,
+             riders: tuple[Rider, ...] = (), pooled_only: bool = False) -> tuple[list[Choice], dict, dict]:
+    """`choose` (of the activations whose layer a global max pool reads alone, with `pooled_only`),
+    and what was sampled (RowSample.stated) or {} when nothing was (and nothing was run: the
+    `riders` then got nothing)."""
+    view = GraphView(loaded.graph)
+    linear, pooled_set = _targets(view, loaded, plan)
+    if pooled_only:
+        linear = {t: nodes for t, nodes in linear.items() if t in pooled_set}
     if not linear:
         return [], {}, {}
+    convs = {t: (nodes[0], view.constant(nodes[0].inputs[1]).shape[2:]) for t, nodes in linear.items()
+             if view.constant(nodes[0].inputs[1]).ndim >= 3}
     producer = {t for t, nodes in linear.items()
-                if fold_kind(view, view.tensors[t], {n.name for n in nodes}) == "producer"}
+                if t not in convs and fold_kind(view, view.tensors[t], {n.name for n in nodes}) == "producer"}
+    pooled = {t: PooledRows(_weight(view, linear[t][0])) for t in sorted(pooled_set)}
     with step("float rows"):
-        xs, cmax, first, stated = rows(loaded, sorted(linear), data, producer, riders)
+        xs, cmax, first, stated = rows(loaded, sorted(linear), data, producer, riders, convs, pooled)
     with step("search"):
-        return _choose(view, linear, xs, cmax), first, stated
+        return _choose(view, linear, xs, cmax, pooled), first, stated
 
 
-def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict) -> list[Choice]:
+def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict,
+            pooled: dict[str, PooledRows] | None = None) -> list[Choice]:
     out = []
     for t, nodes in sorted(linear.items()):
         if t not in xs or xs[t].shape[0] < MIN_ROWS:
             continue
         w = np.concatenate([_weight(view, n) for n in nodes], axis=1)
-        if w.shape[0] != xs[t].shape[1]:
+        taps = _taps(view, nodes[0])
+        trailing = view.constant(nodes[0].inputs[1]).ndim - 2     # a convolution's axes after its channels
+        if w.shape[0] != xs[t].shape[1] or cmax[t].shape[0] * taps != w.shape[0]:
             continue
         calibrated = high_percentile(np.abs(xs[t]), 99.99)
-        (alpha, amax, err), at_zero = _search(xs[t], w, cmax[t], (calibrated,), ALPHAS)
+        (alpha, amax, err), at_zero = _search(xs[t], w, cmax[t], (calibrated,), ALPHAS, taps,
+                                              (pooled or {}).get(t))
         assert at_zero is not None, "ALPHAS holds 0"
         plain = at_zero[2]
-        folded = fold_kind(view, view.tensors[t], {n.name for n in nodes}) if alpha > 0 else ""
+        folded = fold_kind(view, view.tensors[t], {n.name for n in nodes}) if alpha > 0 and trailing <= 0 else ""
         if alpha > 0 and not folded and err > (1.0 - MUL_GAIN) * plain:
             (alpha, amax, err) = at_zero          # what a search at alpha 0 alone finds
         out.append(Choice(t, [n.name for n in nodes], alpha, amax, err, plain, folded,
-                          _smoothing(cmax[t], w, alpha) if alpha > 0 else None))
+                          _smoothing(cmax[t], w, alpha, taps) if alpha > 0 else None, max(trailing, 0),
+                          t in (pooled or {})))
     return out
 
 
@@ -344,12 +435,12 @@ def failed_folds(loaded: io.Loaded, pending: dict, first: dict, data: Calibratio
     return failed
 
 
-def run(loaded: io.Loaded, plan: Plan, data: CalibrationData,
-        riders: tuple[Rider, ...] = ()) -> tuple[PassResult, dict[str, float]]:
-    """Choose each linear-layer input's smoothing and range on `data`, apply them (checking producer
-    folds on the first sample), and return the pass's result (with what was sampled, `rows`) and
-    the chosen ranges. `riders`: see `rows`."""
-    choices, first, stated = _sampled(loaded, plan, data, riders)
+def run(loaded: io.Loaded, plan: Plan, data: CalibrationData, riders: tuple[Rider, ...] = (),
+        pooled_only: bool = False) -> tuple[PassResult, dict[str, float]]:
+    """Choose each linear-layer input's smoothing and range on `data` (only those of `pooled_targets`
+    with `pooled_only`), apply them (checking producer folds on the first sample), and return the
+    pass's result (with what was sampled, `rows`) and the chosen ranges. `riders`: see `rows`."""
+    choices, first, stated = _sampled(loaded, plan, data, riders, pooled_only)
     passed, ranges = apply(loaded, choices, first, lambda pending: failed_folds(loaded, pending, first, data))
     if stated:
         passed.details["rows"] = stated
