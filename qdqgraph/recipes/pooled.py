@@ -13,7 +13,10 @@ at alpha 0.8 and no clipping.
 For such a layer (`max_pooled`), `PooledRows` keeps, of each sample it is shown, the input rows of
 the positions where each output channel peaks in float; `errors` measures each candidate by the
 error of the layer's output at those (position, channel) pairs, relative to the float peaks: one
-row a channel a sample, K multiply-adds each.
+row a channel a sample, K multiply-adds each. The peaks are the layer's own (before its bias and
+the ops up to the pool): where the pool reads them as long as those ops increase with their
+input where the maxima are (a bias, ReLU, GELU, SiLU, tanh, a positive scale); an op that turns
+the order over (a negative scale) makes the measure read other positions than the pool does.
 """
 from __future__ import annotations
 
