@@ -16,15 +16,20 @@ from test_recipes import run, sqnr
 C, L, M = 32, 128, 48
 
 
-def text_cnn(tail=("Relu",), pool="GlobalMaxPool", seed=0):
-    """x [1, C, L] -> Conv1d (k=5) -> `tail` -> `pool` -> Flatten -> Gemm."""
+def text_cnn(tail=("Relu",), pool="GlobalMaxPool", seed=0, head=True, **pool_attrs):
+    """x [1, C, L] -> Conv1d (k=5) -> `tail` -> `pool` (`pool_attrs`) -> Flatten -> Gemm (the pool's
+    output is the graph's without `head`)."""
     g = motifs.G("text_cnn", seed)
     x = g.input("x", [1, C, L])
     y = g.node("Conv", [x, g.weight("conv.w", (M, C, 5), 0.2), g.weight("conv.b", (M,), 0.1)], name="conv",
                kernel_shape=[5])
     for i, op in enumerate(tail):
         y = g.node(op, [y], name=f"tail{i}")
-    y = g.node(pool, [y], name="pool")
+    if not head:
+        g.node(pool, [y], ["y"], name="pool", **pool_attrs)
+        g.output("y")
+        return g.model(17)
+    y = g.node(pool, [y], name="pool", **pool_attrs)
     y = g.node("Flatten", [y], name="flat")
     g.node("Gemm", [y, g.weight("head.w", (M, 4)), g.weight("head.b", (4,), 0.1)], ["y"], name="head")
     g.output("y")
@@ -63,14 +68,20 @@ def test_patch_rows_times_the_weight_is_the_convolution(kernel, attrs):
     np.testing.assert_array_equal(few[0], rows[0])
 
 
-@pytest.mark.parametrize("tail,pool,expected", [
-    (("Relu",), "GlobalMaxPool", True),
-    ((), "GlobalMaxPool", True),
-    (("Sigmoid", "Tanh"), "GlobalMaxPool", True),
-    (("Relu",), "GlobalAveragePool", False),
+@pytest.mark.parametrize("tail,pool,attrs,expected", [
+    (("Relu",), "GlobalMaxPool", {}, True),
+    ((), "GlobalMaxPool", {}, True),
+    (("Sigmoid", "Tanh"), "GlobalMaxPool", {}, True),
+    (("Relu",), "GlobalAveragePool", {}, False),
+    (("Relu",), "ReduceMax", {"axes": [2]}, True),                 # x.amax(dim=2, keepdim=True)
+    (("Relu",), "ReduceMax", {"axes": [-1]}, True),
+    (("Relu",), "ReduceMax", {"axes": [1]}, False),                # over the channels
+    (("Relu",), "MaxPool", {"kernel_shape": [L - 4]}, True),       # F.max_pool1d(x, x.size(2))
+    (("Relu",), "MaxPool", {"kernel_shape": [3]}, False),          # a local pool
+    (("Relu",), "MaxPool", {"kernel_shape": [L - 4], "pads": [1, 1]}, False),
 ])
-def test_max_pooled_finds_a_layer_a_global_max_pool_reads(tail, pool, expected):
-    view = GraphView(io.load(text_cnn(tail, pool)).graph)
+def test_max_pooled_finds_a_layer_a_global_max_pool_reads(tail, pool, attrs, expected):
+    view = GraphView(io.load(text_cnn(tail, pool, head=False, **attrs)).graph)
     (conv,) = [n for n in view.nodes if n.op == "Conv"]
     assert pooled.max_pooled(view, conv) is expected
 
@@ -151,3 +162,15 @@ def test_by_default_the_search_runs_on_the_pooled_layers_alone():
     assert qdqgraph.quantize(text_cnn(), cal, output_aware=False).report.output_aware is None
     with pytest.warns(UserWarning, match="random data"):
         assert qdqgraph.quantize(text_cnn(), "random").report.output_aware is None
+
+
+@pytest.mark.parametrize("pool,attrs", [("ReduceMax", {"axes": [2], "keepdims": 0}),
+                                        ("MaxPool", {"kernel_shape": [L - 4]})])
+def test_a_max_over_time_written_as_pytorch_exports_it_is_measured_at_the_maxima(pool, attrs):
+    """`x.amax(dim=2)` and `F.max_pool1d(x, x.size(2))`, the max-over-time of text CNNs: the same
+    measure by default, and the same gain over percentile calibration."""
+    m, cal, held = text_cnn(pool=pool, **attrs), spiky(32, 1), spiky(32, 2)
+    auto = qdqgraph.quantize(m, cal, high_precision="fp32")
+    assert auto.report.output_aware["tensors"]["x"]["measured"] == "pooled maxima"
+    plain = qdqgraph.quantize(m, cal, output_aware=False, high_precision="fp32")
+    assert held_out_db(m, auto.model, held) > held_out_db(m, plain.model, held) + 10

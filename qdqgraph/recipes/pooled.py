@@ -44,7 +44,7 @@ def max_pooled(view: GraphView, node: gs.Node) -> bool:
         if not users or view.is_graph_output(t) or view.used_in_subgraph(t):
             return False
         for user, _ in users:
-            if view.vocab.is_(user, "max_over_positions"):
+            if view.vocab.is_(user, "max_over_positions") and global_max(view, user):
                 pools += 1
                 continue
             if not view.vocab.is_(user, "to_max_pool") or len(user.outputs) != 1:
@@ -57,6 +57,36 @@ def max_pooled(view: GraphView, node: gs.Node) -> bool:
                 todo.append(user.outputs[0])
     inputs = (x for n in region.values() for x in n.inputs if x.name)
     return pools > 0 and all(x.name in tensors or view.is_constant(x) for x in inputs)
+
+
+def global_max(view: GraphView, node: gs.Node) -> bool:
+    """Does `node` (class `max_over_positions`) take the maximum over every axis of its input past
+    the first two (batch, channels), each channel its own: a GlobalMaxPool; a ReduceMax over exactly
+    those axes (PyTorch's `x.amax(dim=2)`); a MaxPool whose window covers the whole of a static input,
+    unpadded (`F.max_pool1d(x, x.size(2))`)?"""
+    if node.op == "GlobalMaxPool":
+        return True
+    shape = view.shape(node.inputs[0]) if node.inputs else None
+    if shape is None or len(shape) < 3:
+        return False
+    rank = len(shape)
+    spatial = set(range(2, rank))
+    if node.op == "ReduceMax":
+        axes = node.attrs.get("axes")
+        if axes is None and len(node.inputs) > 1 and node.inputs[1].name:
+            value = view.constant_value(node.inputs[1])
+            axes = None if value is None else value.reshape(-1).tolist()
+        return axes is not None and {int(a) % rank for a in axes} == spatial
+    if node.op == "MaxPool":
+        sizes = list(shape[2:])
+        kernel = list(node.attrs.get("kernel_shape", []))
+        pads = list(node.attrs.get("pads", [0] * 2 * len(kernel)))
+        auto = node.attrs.get("auto_pad", "NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+        dilations = list(node.attrs.get("dilations", [1] * len(kernel)))
+        return all(isinstance(d, int) for d in sizes) and kernel == sizes and not any(pads) and \
+            auto in ("NOTSET", "VALID") and all(d == 1 for d in dilations) and len(node.outputs) == 1
+    return False
 
 
 class PooledRows:
