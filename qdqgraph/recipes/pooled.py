@@ -64,20 +64,20 @@ def global_max(view: GraphView, node: gs.Node) -> bool:
     the first two (batch, channels), each channel its own: a GlobalMaxPool; a ReduceMax over exactly
     those axes (PyTorch's `x.amax(dim=2)`); a MaxPool whose window covers the whole of a static input,
     unpadded (`F.max_pool1d(x, x.size(2))`)?"""
-    if node.op == "GlobalMaxPool":
+    if view.vocab.is_(node, "global_max_pool"):
         return True
     shape = view.shape(node.inputs[0]) if node.inputs else None
     if shape is None or len(shape) < 3:
         return False
     rank = len(shape)
     spatial = set(range(2, rank))
-    if node.op == "ReduceMax":
+    if view.vocab.is_(node, "reduce_max"):
         axes = node.attrs.get("axes")
         if axes is None and len(node.inputs) > 1 and node.inputs[1].name:
             value = view.constant_value(node.inputs[1])
             axes = None if value is None else value.reshape(-1).tolist()
         return axes is not None and {int(a) % rank for a in axes} == spatial
-    if node.op == "MaxPool":
+    if view.vocab.is_(node, "max_pool"):
         sizes = list(shape[2:])
         kernel = list(node.attrs.get("kernel_shape", []))
         pads = list(node.attrs.get("pads", [0] * 2 * len(kernel)))
