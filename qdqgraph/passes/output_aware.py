@@ -87,8 +87,8 @@ def apply(loaded: io.Loaded, choices: list[Choice], first: dict,
             done["producer"].append(name)
     _multiply(loaded, view, [c for c in choices if c.scale is not None and c.tensor not in done["layernorm"]
                              and c.tensor not in done["producer"]], nodes, ranges, done["mul"])
-    return result("output_aware", any(done.values()), tensors={c.tensor: _detail(c) for c in choices}, folded=done["layernorm"] + done["producer"],
-                  into_producer=done["producer"], multiplied=done["mul"],
+    return result("output_aware", any(done.values()), tensors={c.tensor: _detail(c) for c in choices},
+                  folded=done["layernorm"] + done["producer"], into_producer=done["producer"], multiplied=done["mul"],
                   rescaled=sorted({n for kind in ("layernorm", "producer") for t in done[kind]    # io.RESCALED_KEY
                                    for n in fold_reach(view, view.tensors[t], kind)})), ranges
 
