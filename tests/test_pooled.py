@@ -10,6 +10,7 @@ import motifs
 import qdqgraph
 from qdqgraph.graph import io
 from qdqgraph.graph.view import GraphView
+from qdqgraph.passes.strip import strip_qdq
 from qdqgraph.recipes import conv_math, output_aware, pooled
 from test_recipes import run, sqnr
 
@@ -138,17 +139,32 @@ def test_the_pooled_error_is_the_error_at_each_channels_float_peak():
     s = rng.uniform(0.5, 2, 12).astype(np.float32)
     wq = output_aware._quant_weight(w * s[:, None])
     ranges = [1.0, 2.5, 6.0]
-    got = pooled.errors(keep, keep.peaks(), s, wq, output_aware._quant_act, ranges)
+    got = pooled.errors([(keep, keep.peaks(), s, wq)], output_aware._quant_act, ranges)
+
+    def written_out(x, w, s, wq, amax):
+        y = x @ w
+        at, m = y.argmax(axis=0), np.arange(w.shape[1])
+        yq = output_aware._quant_act(x / s, amax) @ wq
+        return (float(np.sum((yq[at, m] - y[at, m]).astype(np.float64) ** 2)),
+                float(np.sum(y[at, m].astype(np.float64) ** 2)))
     for amax, err in zip(ranges, got):
-        num = den = 0.0
-        for x in samples:
-            y = x @ w
-            at = y.argmax(axis=0)
-            yq = output_aware._quant_act(x / s, amax) @ wq
-            num += float(np.sum((yq[at, np.arange(7)] - y[at, np.arange(7)]).astype(np.float64) ** 2))
-            den += float(np.sum(y[at, np.arange(7)].astype(np.float64) ** 2))
+        num, den = np.sum([written_out(x, w, s, wq, amax) for x in samples], axis=0)
         assert err == pytest.approx(num / den, rel=1e-4)
-    assert pooled.errors(keep, keep.peaks(), s, wq, output_aware._quant_act, ranges, part=2) != got
+    assert pooled.errors([(keep, keep.peaks(), s, wq)], output_aware._quant_act, ranges, part=2) != got
+    # two layers that read one tensor (other kernel sizes): their errors and peaks add up
+    w2 = rng.standard_normal((24, 5)).astype(np.float32)
+    other = [rng.standard_normal((30, 24)).astype(np.float32) for _ in range(5)]
+    keep2 = pooled.PooledRows(w2, taps=2)
+    for x in other:
+        keep2.add(x)
+    s2 = np.repeat(s, 2)
+    wq2 = output_aware._quant_weight(w2 * s2[:, None])
+    both = pooled.errors([(keep, keep.peaks(), s, wq), (keep2, keep2.peaks(), s2, wq2)], output_aware._quant_act,
+                         ranges)
+    for amax, err in zip(ranges, both):
+        parts = [written_out(x, w, s, wq, amax) for x in samples] + [written_out(x, w2, s2, wq2, amax) for x in other]
+        num, den = np.sum(parts, axis=0)
+        assert err == pytest.approx(num / den, rel=1e-4)
 
 
 def test_by_default_the_search_runs_on_the_pooled_layers_alone():
@@ -174,3 +190,43 @@ def test_a_max_over_time_written_as_pytorch_exports_it_is_measured_at_the_maxima
     assert auto.report.output_aware["tensors"]["x"]["measured"] == "pooled maxima"
     plain = qdqgraph.quantize(m, cal, output_aware=False, high_precision="fp32")
     assert held_out_db(m, auto.model, held) > held_out_db(m, plain.model, held) + 10
+
+
+def kim_text_cnn(kernels=(3, 4, 5), seed=0):
+    """x [1, C, L] read by one Conv1d per kernel size, each -> Relu -> max over time (ReduceMax, as
+    PyTorch exports x.amax(dim=2)), concatenated -> Gemm: Kim's text CNN."""
+    g = motifs.G("kim_text_cnn", seed)
+    x = g.input("x", [1, C, L])
+    pooled_outs = []
+    for k in kernels:
+        y = g.node("Conv", [x, g.weight(f"conv{k}.w", (16, C, k), 0.2), g.weight(f"conv{k}.b", (16,), 0.1)],
+                   name=f"conv{k}", kernel_shape=[k])
+        y = g.node("Relu", [y], name=f"act{k}")
+        pooled_outs.append(g.node("ReduceMax", [y], name=f"max{k}", axes=[2], keepdims=0))
+    y = g.node("Concat", pooled_outs, name="cat", axis=1)
+    g.node("Gemm", [y, g.weight("head.w", (16 * len(kernels), 4)), g.weight("head.b", (4,), 0.1)], ["y"], name="head")
+    g.output("y")
+    return g.model(17)
+
+
+def test_a_tensor_read_by_convolutions_of_several_kernel_sizes_is_measured_at_all_their_maxima():
+    """Kim's text CNN: the three convolutions read the same input with kernels 3, 4 and 5. The
+    input is one target, each convolution measured at its own maxima, one smoothing factor per
+    channel for all three (each weight's axis 1 times it): over 10 dB held out above percentile
+    calibration."""
+    m, cal, held = kim_text_cnn(), spiky(32, 1), spiky(32, 2)
+    auto = qdqgraph.quantize(m, cal, high_precision="fp32")
+    choice = auto.report.output_aware["tensors"]["x"]
+    assert choice["measured"] == "pooled maxima" and choice["smoothing"] == "mul"
+    plain = qdqgraph.quantize(m, cal, output_aware=False, high_precision="fp32")
+    db_plain, db_auto = held_out_db(m, plain.model, held), held_out_db(m, auto.model, held)
+    assert db_auto > db_plain + 10, (db_plain, db_auto)
+    # the float function is kept: with its Q/DQ stripped (weights float), the written model computes
+    # the float model's outputs, each convolution reading x / s with its weight's channels times s
+    stripped = io.load(qdqgraph.quantize(m, cal, weights="qdq", high_precision="fp32").model)
+    assert strip_qdq(stripped.graph)["removed"] > 0
+    assert len([n for n in stripped.graph.nodes if n.op == "Mul"]) == 1
+    f = qdqgraph.session(m)
+    for x in held["x"][:4]:
+        np.testing.assert_allclose(run(io.to_model(stripped), {"x": x})[0], f.run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-4)

@@ -131,7 +131,7 @@ class Rider(Protocol):
 def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
          first_of: set[str] | None = None, riders: tuple[Rider, ...] = (),
          convs: dict[str, tuple[gs.Node, tuple]] | None = None,
-         pooled: dict[str, PooledRows] | None = None) -> tuple[dict, dict, dict, dict]:
+         pooled: dict[str, list[PooledRows]] | None = None) -> tuple[dict, dict, dict, dict]:
     """({tensor: up to MAX_ROWS rows [N, K]}, {tensor: max |x| per channel over all rows seen},
     {tensor: its value on the first sample} for the tensors of `first_of` (all when None), what
     was sampled). The samples stream past (samples.rows.RowSample): at most SAMPLES of them, no
@@ -139,8 +139,8 @@ def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
     `riders` get the graph outputs of the same runs. A tensor of `convs` (-> (a convolution that
     reads it, its kernel sizes)) is read as that convolution's receptive fields
     (conv_math.patch_rows, at most PATCH_POSITIONS positions a sample), its channel maxima over
-    axis 1 of all its values; one of `pooled` also shows every position of each sample to its
-    PooledRows (recipes/pooled)."""
+    axis 1 of all its values; one of `pooled` also shows every position of each sample to the
+    PooledRows of each convolution that reads it (recipes/pooled)."""
     sample = RowSample(MAX_ROWS, ROW_BUDGET, SAMPLES)
     convs, pooled = convs or {}, pooled or {}
     conv_max: dict[str, np.ndarray] = {}
@@ -157,25 +157,31 @@ def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
             v = np.asarray(values[t], dtype=np.float32)
             m = np.abs(v).max(axis=tuple(i for i in range(v.ndim) if i != 1))
             conv_max[t] = m if t not in conv_max else np.maximum(conv_max[t], m)
-            if t in pooled and not pooled[t].full():
-                for one in v:
-                    pooled[t].add(patch_rows(node, one[None], kernel, 1 << 62))
+            for layer in pooled.get(t, []):
+                for one in v if not layer.full() else []:
+                    layer.add(patch_rows(layer.node, one[None], layer.kernel, 1 << 62))
             values[t] = patch_rows(node, v, kernel, PATCH_POSITIONS)
         if not sample.add(values, data.count):
             break
     return sample.rows(), {**sample.channel_max(), **conv_max}, first, sample.stated()
 
 
-def _smoothing(cmax: np.ndarray, w: np.ndarray, alpha: float, taps: int = 1) -> np.ndarray:
-    """s of each input channel (of `cmax`); `w` [K, M] with K = channels * `taps` (channel-major)."""
-    aw = np.abs(w).max(axis=1)
-    if taps > 1:
-        aw = aw.reshape(-1, taps).max(axis=1)
+def _smoothing(cmax: np.ndarray, w: np.ndarray, alpha: float, taps: int = 1,
+               wmax: np.ndarray | None = None) -> np.ndarray:
+    """s of each input channel (of `cmax`); `w` [K, M] with K = channels * `taps` (channel-major),
+    or `wmax`, each channel's max |weight| over every layer that reads the tensor."""
+    aw = _channel_wmax(w, taps) if wmax is None else wmax
     ok = (cmax > 0) & (aw > 0)
     s = np.ones_like(cmax, dtype=np.float64)
     if alpha > 0:
         s[ok] = cmax[ok].astype(np.float64) ** alpha / aw[ok].astype(np.float64) ** (1.0 - alpha)
     return np.clip(s, 1.0 / MAX_SCALE, MAX_SCALE).astype(np.float32)
+
+
+def _channel_wmax(w: np.ndarray, taps: int = 1) -> np.ndarray:
+    """Each input channel's max |weight| of `w` [K, M], K = channels * `taps` (channel-major)."""
+    aw = np.abs(w).max(axis=1)
+    return aw.reshape(-1, taps).max(axis=1) if taps > 1 else aw
 
 
 @functools.lru_cache(maxsize=8)
@@ -223,7 +229,8 @@ def _scan_rows(x: np.ndarray) -> tuple:
 
 
 def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, ...],
-            alphas: tuple[float, ...], taps: int = 1, pooled: PooledRows | None = None) -> tuple:
+            alphas: tuple[float, ...], taps: int = 1, pooled: list[PooledRows] | None = None,
+            wmax: np.ndarray | None = None) -> tuple:
     """`search`, returning the best candidate at alpha 0 as (0.0, amax, error) in second place (or
     None when alpha 0 is not among `alphas`).
 
@@ -241,7 +248,7 @@ def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, 
     norm = float(np.sum(ref.astype(np.float64) ** 2)) or 1.0
     scan_rows, scan_weights = _scan_rows(x) if pooled is None else (None, None)
     ref_scan = ref[scan_rows]
-    peaks = pooled.peaks() if pooled is not None else []
+    peaks = [layer.peaks() for layer in pooled] if pooled is not None else []
 
     def errors(xs, wq, ranges):
         """The relative output error of each range, on all rows: one product for all of them."""
@@ -263,18 +270,20 @@ def _search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, 
 
     best, at_zero = None, None
     for alpha in alphas:
-        s = _smoothing(cmax, w, alpha, taps)
-        if taps > 1:
-            s = np.repeat(s, taps)
+        per_channel = _smoothing(cmax, w, alpha, taps, wmax)
+        s = np.repeat(per_channel, taps) if taps > 1 else per_channel
         xs = x / s
         wq = _quant_weight(w * s[:, None])
         top = float(np.abs(xs).max()) or 1.0
         scan = None
-        if pooled is not None:      # the error where a global max pool reads the output (recipes/pooled)
-            top = max([top] + [float(np.abs(r / s).max()) for r in pooled.rows])
-            measure = functools.partial(pooled_errors, pooled, peaks, s, wq, _quant_act)
-            if len(pooled.rows) >= 2 * SCAN_SAMPLES_SHARE:
-                scan = functools.partial(measure, part=len(pooled.rows) // SCAN_SAMPLES_SHARE)
+        if pooled:                  # the error where a global max pool reads the output (recipes/pooled)
+            layers = [(layer, pk, sl, _quant_weight(layer.w * sl[:, None])) for layer, pk in zip(pooled, peaks)
+                      for sl in [np.repeat(per_channel, layer.taps)]]
+            top = max([top] + [float(np.abs(r / sl).max()) for layer, _, sl, _ in layers for r in layer.rows])
+            measure = functools.partial(pooled_errors, layers, _quant_act)
+            samples = min(len(layer.rows) for layer in pooled)
+            if samples >= 2 * SCAN_SAMPLES_SHARE:
+                scan = functools.partial(measure, part=samples // SCAN_SAMPLES_SHARE)
         else:
             if p is not None:
                 wq = wq @ p
@@ -320,10 +329,11 @@ def choose(loaded: io.Loaded, plan: Plan, data: CalibrationData) -> tuple[list[C
 
 
 def _targets(view: GraphView, loaded: io.Loaded, plan: Plan) -> tuple[dict, set[str]]:
-    """({activation: the linear layers or the convolution that read it}, the convolutions' inputs)
+    """({activation: the linear layers or the convolutions that read it}, the convolutions' inputs)
     of every activation the search can choose for: read only by such layers, with a site of its
-    own whose range is not exact. A convolution's input only where a global max pool reads the
-    convolution alone (recipes/pooled.py): on other convolutions, measured on Whisper tiny.en's
+    own whose range is not exact. A convolution's input only where a global max pool reads each
+    convolution that reads it, whatever their kernel sizes (recipes/pooled.py; Kim's text CNN reads
+    its input with three): on other convolutions, measured on Whisper tiny.en's
     encoder (its two) and ViT-S (its patch embedding), searching them lost 0.1 dB held out on
     both, at the cost of their patches' float runs and search (docs/ACCURACY.md)."""
     sites = {s.tensor: s for s in plan.activation_sites()}
@@ -331,8 +341,8 @@ def _targets(view: GraphView, loaded: io.Loaded, plan: Plan) -> tuple[dict, set[
     def own(t: str, nodes: list) -> bool:
         return t in sites and len(sites[t].edges) == len(nodes) and sites[t].exact_amax is None and not sites[t].group
     linear = {t: nodes for t, nodes in targets(loaded.graph, plan).items() if own(t, nodes)}
-    pooled = {t: nodes for t, nodes in conv_targets(loaded.graph, plan).items()
-              if own(t, nodes) and len(nodes) == 1 and max_pooled(view, nodes[0])}
+    pooled = {t: nodes for t, nodes in conv_targets(loaded.graph, plan, same_geometry=False).items()
+              if own(t, nodes) and all(max_pooled(view, n) for n in nodes)}
     return linear | pooled, set(pooled)
 
 
@@ -346,7 +356,7 @@ def pooled_targets(loaded: io.Loaded, plan: Plan) -> list[str]:
 
 def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData,
              riders: tuple[Rider, ...] = (), pooled_only: bool = False) -> tuple[list[Choice], dict, dict]:
-    """`choose` (of the activations whose layer a global max pool reads alone, with `pooled_only`),
+    """`choose` (of the activations whose convolutions global max pools read, with `pooled_only`),
     and what was sampled (RowSample.stated) or {} when nothing was (and nothing was run: the
     `riders` then got nothing)."""
     view = GraphView(loaded.graph)
@@ -359,7 +369,8 @@ def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData,
              if view.constant(nodes[0].inputs[1]).ndim >= 3}
     producer = {t for t, nodes in linear.items()
                 if t not in convs and fold_kind(view, view.tensors[t], {n.name for n in nodes}) == "producer"}
-    pooled = {t: PooledRows(_weight(view, linear[t][0])) for t in sorted(pooled_set)}
+    pooled = {t: [PooledRows(_weight(view, n), _taps(view, n), n, view.constant(n.inputs[1]).shape[2:])
+                  for n in linear[t]] for t in sorted(pooled_set)}
     with step("float rows"):
         xs, cmax, first, stated = rows(loaded, sorted(linear), data, producer, riders, convs, pooled)
     with step("search"):
@@ -367,27 +378,30 @@ def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData,
 
 
 def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict,
-            pooled: dict[str, PooledRows] | None = None) -> list[Choice]:
+            pooled: dict[str, list[PooledRows]] | None = None) -> list[Choice]:
     out = []
     for t, nodes in sorted(linear.items()):
         if t not in xs or xs[t].shape[0] < MIN_ROWS:
             continue
-        w = np.concatenate([_weight(view, n) for n in nodes], axis=1)
+        layers = (pooled or {}).get(t)
+        # the rows are the first reader's patches; the other readers of a pooled tensor (other kernel
+        # sizes) are measured on their own (PooledRows) and share each channel's smoothing factor
+        w = _weight(view, nodes[0]) if layers else np.concatenate([_weight(view, n) for n in nodes], axis=1)
         taps = _taps(view, nodes[0])
         trailing = view.constant(nodes[0].inputs[1]).ndim - 2     # a convolution's axes after its channels
         if w.shape[0] != xs[t].shape[1] or cmax[t].shape[0] * taps != w.shape[0]:
             continue
+        wmax = np.max([_channel_wmax(layer.w, layer.taps) for layer in layers], axis=0) if layers else None
         calibrated = high_percentile(np.abs(xs[t]), 99.99)
-        (alpha, amax, err), at_zero = _search(xs[t], w, cmax[t], (calibrated,), ALPHAS, taps,
-                                              (pooled or {}).get(t))
+        (alpha, amax, err), at_zero = _search(xs[t], w, cmax[t], (calibrated,), ALPHAS, taps, layers, wmax)
         assert at_zero is not None, "ALPHAS holds 0"
         plain = at_zero[2]
         folded = fold_kind(view, view.tensors[t], {n.name for n in nodes}) if alpha > 0 and trailing <= 0 else ""
         if alpha > 0 and not folded and err > (1.0 - MUL_GAIN) * plain:
             (alpha, amax, err) = at_zero          # what a search at alpha 0 alone finds
         out.append(Choice(t, [n.name for n in nodes], alpha, amax, err, plain, folded,
-                          _smoothing(cmax[t], w, alpha, taps) if alpha > 0 else None, max(trailing, 0),
-                          t in (pooled or {})))
+                          _smoothing(cmax[t], w, alpha, taps, wmax) if alpha > 0 else None, max(trailing, 0),
+                          bool(layers)))
     return out
 
 

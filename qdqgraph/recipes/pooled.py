@@ -13,7 +13,9 @@ at alpha 0.8 and no clipping.
 For such a layer (`max_pooled`), `PooledRows` keeps, of each sample it is shown, the input rows of
 the positions where each output channel peaks in float; `errors` measures each candidate by the
 error of the layer's output at those (position, channel) pairs, relative to the float peaks: one
-row a channel a sample, K multiply-adds each. The peaks are the layer's own (before its bias and
+row a channel a sample, K multiply-adds each. Where several convolutions read the tensor (a text
+CNN's kernel sizes), each keeps its own rows and peaks, their errors add up, and one smoothing
+factor per input channel serves them all. The peaks are the layer's own (before its bias and
 the ops up to the pool): where the pool reads them as long as those ops increase with their
 input where the maxima are (a bias, ReLU, GELU, SiLU, tanh, a positive scale); an op that turns
 the order over (a negative scale) makes the measure read other positions than the pool does.
@@ -90,11 +92,14 @@ def global_max(view: GraphView, node: gs.Node) -> bool:
 
 
 class PooledRows:
-    """Of each sample, the input rows at the positions where each of the layer's M output channels
-    peaks in float, and which row each channel reads; at most POOLED_ROWS distinct rows in all."""
+    """Of each sample, the input rows at the positions where each of one layer's M output channels
+    peaks in float, and which row each channel reads; at most POOLED_ROWS distinct rows in all.
+    `node` and `kernel`: the convolution whose receptive fields the rows are (conv_math.patch_rows);
+    `taps`: the values of each input channel in a row."""
 
-    def __init__(self, w: np.ndarray):
+    def __init__(self, w: np.ndarray, taps: int = 1, node: gs.Node | None = None, kernel: tuple = ()):
         self.w = w                                  # [K, M]
+        self.taps, self.node, self.kernel = taps, node, kernel
         self.rows: list[np.ndarray] = []            # per sample: [u, K]
         self.pick: list[np.ndarray] = []            # per sample: [M], indices into its rows
         self.count = 0
@@ -118,21 +123,23 @@ class PooledRows:
         return [(r @ self.w)[p, m] for r, p in zip(self.rows, self.pick)]
 
 
-def errors(pooled: PooledRows, peaks: list[np.ndarray], s: np.ndarray, wq: np.ndarray, quant,
-           ranges: list[float], part: int | None = None) -> list[float]:
-    """The relative error of the layer's output at the float `peaks`, for the input divided by `s`
-    and quantized at each of `ranges` (`quant(x, amax)`), the weight `wq` [K, M] quantized; on the
-    first `part` samples (all when None)."""
-    k = len(pooled.rows) if part is None else min(part, len(pooled.rows))
-    norm = float(sum(np.sum(v.astype(np.float64) ** 2) for v in peaks[:k])) or 1.0
-    wt = np.ascontiguousarray(wq.T)                  # [M, K]
-    scaled = [r / s for r in pooled.rows[:k]]
+def errors(layers: list[tuple], quant, ranges: list[float], part: int | None = None) -> list[float]:
+    """The relative error of the layers' outputs at their float peaks, for each of `ranges`, over
+    all of `layers` [(PooledRows, its peaks, s over its rows' columns, its weight [K, M] quantized)]
+    (the layers that read one tensor): the input divided by s and quantized at the range
+    (`quant(x, amax)`); on the first `part` samples (all when None)."""
+    norm, parts = 0.0, []
+    for pooled, peaks, s, wq in layers:
+        k = len(pooled.rows) if part is None else min(part, len(pooled.rows))
+        norm += float(sum(np.sum(v.astype(np.float64) ** 2) for v in peaks[:k]))
+        parts.append(([r / s for r in pooled.rows[:k]], pooled.pick, peaks, np.ascontiguousarray(wq.T)))
     out = []
     for amax in ranges:
         total = 0.0
-        for r, p, f in zip(scaled, pooled.pick, peaks):
-            q = quant(r, amax)[p]                        # [M, K]: the row each channel peaks at
-            e = np.einsum("mk,mk->m", q, wt) - f
-            total += float(np.sum(e.astype(np.float64) ** 2))
-        out.append(total / norm)
+        for scaled, picks, peaks, wt in parts:
+            for r, p, f in zip(scaled, picks, peaks):
+                q = quant(r, amax)[p]                    # [M, K]: the row each channel peaks at
+                e = np.einsum("mk,mk->m", q, wt) - f
+                total += float(np.sum(e.astype(np.float64) ** 2))
+        out.append(total / (norm or 1.0))
     return out
