@@ -532,7 +532,7 @@ def _output_aware(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, calib) -> 
     as ops, which placement rule P10-layernorm-decomposed finds), with real data, no --smooth-quant
     of the user's, in INT8 (FP8 keeps small values precise under large ranges: its error is not
     the clipping trade-off the search makes)."""
-    if not is_real(calib) or cfg.smooth_quant is not None or cfg.output_aware is False or cfg.precision != "int8":
+    if not _searchable(cfg, calib) or cfg.output_aware is False:
         return False
     if cfg.output_aware:
         return True
@@ -549,9 +549,12 @@ def _pooled_only(cfg: QuantizeConfig, loaded: io.Loaded, plan: Plan, calib) -> b
     (recipes/pooled.py), in a model `_output_aware` leaves out: there the calibrated range clips the
     rare large values the pool keeps (a file-type classifier's convolution: 31.7 -> 37.7 dB output
     SQNR held out, docs/ACCURACY.md). The same conditions on the data, precision and options."""
-    if not is_real(calib) or cfg.smooth_quant is not None or cfg.output_aware is not None or cfg.precision != "int8":
-        return False
-    return bool(output_aware.pooled_targets(loaded, plan))
+    return _searchable(cfg, calib) and cfg.output_aware is None and bool(output_aware.pooled_targets(loaded, plan))
+
+
+def _searchable(cfg: QuantizeConfig, calib) -> bool:
+    """The output-aware search's conditions: real data, no --smooth-quant of the user's, INT8."""
+    return is_real(calib) and cfg.smooth_quant is None and cfg.precision == "int8"
 
 
 def _learns_rounding(cfg: QuantizeConfig, calib, loaded: io.Loaded, plan: Plan, report: InsertReport) -> bool:

@@ -49,27 +49,20 @@ def targets(graph: gs.Graph, plan: Plan) -> dict[str, list[gs.Node]]:
     return out
 
 
-CONV_GEOMETRY = ("kernel_shape", "strides", "pads", "dilations", "auto_pad")
-
-
-def conv_targets(graph: gs.Graph, plan: Plan, same_geometry: bool = True) -> dict[str, list[gs.Node]]:
+def conv_targets(graph: gs.Graph, plan: Plan) -> dict[str, list[gs.Node]]:
     """Activation tensor -> the convolutions that read it as input 0, where the plan quantizes both
     that input and the node's weight: Conv (not transposed) of group 1 with a constant float weight
-    [O, C, *kernel], every reader of the tensor one of them and, with `same_geometry`, of the same
-    geometry (so one set of receptive-field patches serves them all). Smoothing input channel c
-    divides the tensor's axis 1 and multiplies the weights' [:, c] by s_c."""
+    [O, C, *kernel], every reader of the tensor one of them (of any kernel size: a caller that reads
+    the tensor as receptive fields makes each reader's own). Smoothing input channel c divides the
+    tensor's axis 1 and multiplies the weights' [:, c] by s_c."""
     view = GraphView(graph)
     nodes = {n.name: n for n in graph.nodes}
     weighted = {name for s in plan.weight_sites() for name, i in s.edges if i == 1}
     out: dict[str, list[gs.Node]] = {}
     for site in plan.activation_sites():
         readers = [nodes.get(name) for name, index in site.edges if index == 0]
-        if not readers or len(readers) != len(site.edges) or not all(_smoothable_conv(view, n, weighted, site.tensor)
-                                                                     for n in readers):
-            continue
-        geometry = {tuple((k, str(n.attrs.get(k))) for k in CONV_GEOMETRY) + (view.constant(n.inputs[1]).shape[2:],)
-                    for n in readers if n is not None}
-        if len(geometry) == 1 or not same_geometry:
+        if readers and len(readers) == len(site.edges) and all(_smoothable_conv(view, n, weighted, site.tensor)
+                                                               for n in readers):
             out[site.tensor] = [n for n in readers if n is not None]
     return out
 

@@ -130,19 +130,17 @@ class Rider(Protocol):
 
 def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
          first_of: set[str] | None = None, riders: tuple[Rider, ...] = (),
-         convs: dict[str, tuple[gs.Node, tuple]] | None = None,
          pooled: dict[str, list[PooledRows]] | None = None) -> tuple[dict, dict, dict, dict]:
     """({tensor: up to MAX_ROWS rows [N, K]}, {tensor: max |x| per channel over all rows seen},
     {tensor: its value on the first sample} for the tensors of `first_of` (all when None), what
     was sampled). The samples stream past (samples.rows.RowSample): at most SAMPLES of them, no
     more than it takes every tensor to show ROW_BUDGET rows, and only the rows kept are held.
-    `riders` get the graph outputs of the same runs. A tensor of `convs` (-> (a convolution that
-    reads it, its kernel sizes)) is read as that convolution's receptive fields
-    (conv_math.patch_rows, at most PATCH_POSITIONS positions a sample), its channel maxima over
-    axis 1 of all its values; one of `pooled` also shows every position of each sample to the
-    PooledRows of each convolution that reads it (recipes/pooled)."""
+    `riders` get the graph outputs of the same runs. A tensor of `pooled` (-> the PooledRows of each
+    convolution that reads it, recipes/pooled) shows every position of each sample to each of them,
+    and is read as the first one's receptive fields (conv_math.patch_rows, at most PATCH_POSITIONS
+    positions a sample), its channel maxima over axis 1 of all its values."""
     sample = RowSample(MAX_ROWS, ROW_BUDGET, SAMPLES)
-    convs, pooled = convs or {}, pooled or {}
+    pooled = pooled or {}
     conv_max: dict[str, np.ndarray] = {}
     first: dict[str, np.ndarray] = {}
     outputs = {t.name for t in loaded.graph.outputs}
@@ -153,14 +151,14 @@ def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
         values = {t: got[t] for t in tensors}
         if not sample.samples:
             first = {k: np.asarray(v, dtype=np.float32) for k, v in values.items() if first_of is None or k in first_of}
-        for t, (node, kernel) in convs.items():
+        for t, layers in pooled.items():
             v = np.asarray(values[t], dtype=np.float32)
             m = np.abs(v).max(axis=tuple(i for i in range(v.ndim) if i != 1))
             conv_max[t] = m if t not in conv_max else np.maximum(conv_max[t], m)
-            for layer in pooled.get(t, []):
+            for layer in layers:
                 for one in v if not layer.full() else []:
                     layer.add(patch_rows(layer.node, one[None], layer.kernel, 1 << 62))
-            values[t] = patch_rows(node, v, kernel, PATCH_POSITIONS)
+            values[t] = patch_rows(layers[0].node, v, layers[0].kernel, PATCH_POSITIONS)
         if not sample.add(values, data.count):
             break
     return sample.rows(), {**sample.channel_max(), **conv_max}, first, sample.stated()
@@ -197,17 +195,15 @@ def _projection(m: int) -> np.ndarray | None:
 
 
 def search(x: np.ndarray, w: np.ndarray, cmax: np.ndarray, extra: tuple[float, ...] = (),
-           alphas: tuple[float, ...] = ALPHAS, taps: int = 1) -> tuple:
+           alphas: tuple[float, ...] = ALPHAS) -> tuple:
     """((alpha, amax, relative error) of the best candidate, best relative error at alpha 0).
     `x` [N, K] rows, `w` [K, M] the weights of every reader side by side, `extra`: more ranges to
     try at alpha 0 (the calibration's). The output error is measured through a random projection
     of the M outputs to PROJECT (Johnson-Lindenstrauss), which keeps the comparison between
     candidates and makes each one PROJECT/M as costly. The grid is scanned on a sample of the rows
     (`_scan_rows`); the SCAN_KEEP best of the scan, the `extra` ranges and the refinement are
-    measured on all of them, and only those errors are compared and returned. `taps` > 1: the rows
-    are a convolution's receptive fields of `taps` values a channel (`cmax` per channel), and one
-    smoothing factor serves all of a channel's taps."""
-    best, at_zero = _search(x, w, cmax, extra, alphas, taps)
+    measured on all of them, and only those errors are compared and returned."""
+    best, at_zero = _search(x, w, cmax, extra, alphas)
     return best, (at_zero[2] if at_zero is not None else None)
 
 
@@ -341,7 +337,7 @@ def _targets(view: GraphView, loaded: io.Loaded, plan: Plan) -> tuple[dict, set[
     def own(t: str, nodes: list) -> bool:
         return t in sites and len(sites[t].edges) == len(nodes) and sites[t].exact_amax is None and not sites[t].group
     linear = {t: nodes for t, nodes in targets(loaded.graph, plan).items() if own(t, nodes)}
-    pooled = {t: nodes for t, nodes in conv_targets(loaded.graph, plan, same_geometry=False).items()
+    pooled = {t: nodes for t, nodes in conv_targets(loaded.graph, plan).items()
               if own(t, nodes) and all(max_pooled(view, n) for n in nodes)}
     return linear | pooled, set(pooled)
 
@@ -365,14 +361,12 @@ def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData,
         linear = {t: nodes for t, nodes in linear.items() if t in pooled_set}
     if not linear:
         return [], {}, {}
-    convs = {t: (nodes[0], view.constant(nodes[0].inputs[1]).shape[2:]) for t, nodes in linear.items()
-             if view.constant(nodes[0].inputs[1]).ndim >= 3}
-    producer = {t for t, nodes in linear.items()
-                if t not in convs and fold_kind(view, view.tensors[t], {n.name for n in nodes}) == "producer"}
     pooled = {t: [PooledRows(_weight(view, n), _taps(view, n), n, view.constant(n.inputs[1]).shape[2:])
                   for n in linear[t]] for t in sorted(pooled_set)}
+    producer = {t for t, nodes in linear.items()
+                if t not in pooled and fold_kind(view, view.tensors[t], {n.name for n in nodes}) == "producer"}
     with step("float rows"):
-        xs, cmax, first, stated = rows(loaded, sorted(linear), data, producer, riders, convs, pooled)
+        xs, cmax, first, stated = rows(loaded, sorted(linear), data, producer, riders, pooled)
     with step("search"):
         return _choose(view, linear, xs, cmax, pooled), first, stated
 
