@@ -44,16 +44,12 @@ from .prepare import check_plan, clean, data_dims, is_real, load_model, plan_for
 from .execution.profile import step
 from .report import InsertReport
 from .writing import write_model
+from .prediction import predict_written
 from .execution.memory import collects_every_stage, fewer_collections, free_if_large
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
-from .trtsim import simulate, simulate_and_lint, SimReport
-from .trtsim import recorded
-from .passes.strip import strip_qdq
-from .trtsim.latency import DEFAULT_GPU, speed_line
-from .trtsim.regions import inner_reformats
+from .trtsim import simulate
 from .graph.view import GraphView
-from .ops import vocabulary
 from .api_checks import quantize as check_arguments
 from .recipes.fidelity.floor import quantized_share
 
@@ -420,8 +416,7 @@ def _finish(run: _Run) -> Result:
 def _predicted(run: _Run, model_out: proto.ModelProto, final: io.Loaded) -> Result:
     """The written model's prediction and what it tells the user (see `_finish`)."""
     cfg, report, loaded, plan = run.cfg, run.report, run.loaded, run.plan
-    with report.stage("simulate"):
-        sim = _predict(final, report, cfg.target, cfg.precision, written=model_out)
+    predict_written(final, report, cfg.target, cfg.precision, model_out, cfg.gpu)
     report.notes += advice.explain(loaded.graph, plan, run.real, report.tensorrt)
     why = next((d.reason for d in plan.decisions.values() if not d.quantized and (d.reason or "").startswith(NO_INT8)),
                None)
@@ -432,7 +427,6 @@ def _predicted(run: _Run, model_out: proto.ModelProto, final: io.Loaded) -> Resu
     if little:
         report.warnings.append(little)
     _require_share(cfg, loaded, plan, report)
-    _speed(final, sim, report, cfg.target, cfg.gpu)
     return Result(model_out, plan, report, cfg, reference=run.reference)
 
 
@@ -520,9 +514,7 @@ def _quantize_int4(loaded: io.Loaded, data: CalibrationData | None, cfg: Quantiz
     rule = {s.tensor: s.rule for s in plan.weight_sites()}
     provenance = {w["dequantize"]: rule[name] for name, w in int4["weights"].items()}
     model_out, final = write_model(loaded, provenance, cfg, data, report)
-    with report.stage("simulate"):
-        sim = _predict(final, report, cfg.target, cfg.precision, written=model_out)
-    _speed(final, sim, report, cfg.target, cfg.gpu)
+    predict_written(final, report, cfg.target, cfg.precision, model_out, cfg.gpu)
     return Result(model_out, plan, report, cfg)
 
 
@@ -920,62 +912,6 @@ def _written_db(loaded: io.Loaded, plan: Plan, amax: dict, means, cfg: QuantizeC
     model, _ = write_model(copy, inserted["provenance"], cfg, data, InsertReport())
     del copy
     return output_sqnr(model, sens)
-
-
-def _predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
-             precision: str | None = None, written: proto.ModelProto | None = None) -> SimReport | None:
-    """The simulator's prediction for the written model, into the report; returns it for the speed
-    line (`_speed`). A simulator failure must not cost the user the model: it becomes a warning
-    naming the error. `precision`: what the run asked for, which names a model with no Q/DQ
-    (nothing quantized) in the summary. `written`: the model exported from `loaded`, which gets
-    the prediction and the linter's findings in its metadata for `qdqgraph report`
-    (trtsim.recorded), as report would compute them."""
-    try:
-        with step("quantized engine"):
-            sim = _simulate(loaded, target, written)
-            vocab = vocabulary()
-            if precision and not any(vocab.is_(n, "quant") for n in loaded.graph.nodes):
-                sim.quantized = label(precision)
-            report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
-        return sim
-    except Exception as e:  # noqa: BLE001 - reported, not swallowed
-        report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
-                               f"written; please report this")
-        return None
-
-
-def _simulate(loaded: io.Loaded, target: str, written: proto.ModelProto | None) -> SimReport:
-    """The simulation of the written graph; with `written`, `qdqgraph report`'s table, findings and
-    JSON go into its metadata (trtsim.recorded), from one reading of the graph for both. A linter
-    failure only leaves the model without a record: report then computes it (and says what failed)."""
-    if written is None:
-        return simulate(loaded.graph, target=target, dims=loaded.dims)
-    try:
-        sim, found = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target,
-                                       dims=loaded.dims)
-    except Exception:  # noqa: BLE001 - the simulation alone below raises what it has to
-        recorded.forget(written)
-        return simulate(loaded.graph, target=target, dims=loaded.dims)
-    with step("record"):
-        recorded.record(written, sim, found, target, loaded.dims)
-    return sim
-
-
-def _speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, target: str = "tensorrt",
-           gpu: str | None = None) -> None:
-    """The speed line: the quantized engine (`_predict`'s) against the FP16 engine of the same
-    model, the written graph without its Q/DQ. The run's last use of `loaded`: its Q/DQ are
-    stripped in place (the model is already exported), instead of on a copy of the graph."""
-    if sim is None or report.tensorrt is None:
-        return
-    try:
-        with report.stage("simulate"), step("float engine"):
-            strip_qdq(loaded.graph, values=False)
-            float_sim = simulate(loaded.graph, target=target, dims=loaded.dims)
-        report.tensorrt["speed"] = speed_line(sim, float_sim, gpu or DEFAULT_GPU[target])
-    except Exception as e:  # noqa: BLE001 - reported, not swallowed
-        report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
-                               f"written; please report this")
 
 
 def default_output(path: str | Path) -> Path:

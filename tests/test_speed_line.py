@@ -37,3 +37,51 @@ def test_the_float_engine_is_predicted_from_weight_shapes_alone():
     big = [t for t in shapes.tensors().values() if isinstance(t, gs.Constant) and t.values.size >= 1024]
     assert big and all(t.values.strides == (0,) * t.values.ndim and not np.any(t.values) for t in big)
     assert simulate(full).to_dict() == simulate(shapes).to_dict()
+
+
+needs_fork = pytest.mark.skipif(not __import__("qdqgraph.execution.ahead", fromlist=["x"]).available(),
+                                reason="no os.fork or a single core")
+
+
+@needs_fork
+@pytest.mark.parametrize("name", ["residual_add", "attention_block"])
+def test_the_float_engine_predicted_in_a_child_gives_the_same_line(name, monkeypatch):
+    """On a large graph the FP16 engine is predicted in a forked child while the parent predicts the
+    quantized one: the line is the one predicted in the process, and a child did compute it."""
+    import os
+    from qdqgraph import prediction
+    m = motifs.ALL[name]()
+    data = motifs.sample_data(m)
+    here = qdqgraph.quantize(m, data).report.tensorrt["speed"]
+    parent, pids, real = os.getpid(), [], prediction.float_engine_ms
+
+    def spied(*a):
+        if os.getpid() == parent:
+            pids.append(parent)
+        return real(*a)
+    monkeypatch.setattr(prediction, "LARGE_GRAPH_NODES", 0)
+    monkeypatch.setattr(prediction, "float_engine_ms", spied)
+    started = []
+    real_start = prediction.ahead.start
+    monkeypatch.setattr(prediction.ahead, "start", lambda fn: started.append(1) or real_start(fn))
+    assert qdqgraph.quantize(m, data).report.tensorrt["speed"] == here
+    assert started == [1] and pids == []      # computed in the child, not again in the parent
+
+
+@needs_fork
+def test_a_failed_child_leaves_the_float_engine_to_the_parent(monkeypatch):
+    import os
+    from qdqgraph import prediction
+    m = motifs.residual_add()
+    data = motifs.sample_data(m)
+    here = qdqgraph.quantize(m, data).report
+    parent, real = os.getpid(), prediction.float_engine_ms
+
+    def dies_in_the_child(*a):
+        if os.getpid() != parent:
+            os._exit(7)
+        return real(*a)
+    monkeypatch.setattr(prediction, "LARGE_GRAPH_NODES", 0)
+    monkeypatch.setattr(prediction, "float_engine_ms", dies_in_the_child)
+    r = qdqgraph.quantize(m, data)
+    assert r.report.tensorrt["speed"] == here.tensorrt["speed"] and r.report.warnings == here.warnings

@@ -81,14 +81,15 @@ def estimate_sim(sim: SimReport, gpu_name: str, float_precision: str = "fp16",
     return Estimate(g, c, layers, "predicted engine")
 
 
-def speed_line(quantized: SimReport, float_engine: SimReport, gpu_name: str) -> str:
-    """One line for a summary: the quantized engine against the FP16 engine of the same model."""
+def speed_line(quantized: SimReport, float_engine: SimReport | float, gpu_name: str) -> str:
+    """One line for a summary: the quantized engine against the FP16 engine of the same model
+    (`float_engine`: its prediction, or its estimate in ms, `estimate_sim(...).total_ms`)."""
     q = estimate_sim(quantized, gpu_name)
-    f = estimate_sim(float_engine, gpu_name)
+    f = float_engine if isinstance(float_engine, float) else estimate_sim(float_engine, gpu_name).total_ms
     label = quantized.quantized if quantized.quantized else "quantized"
-    ratio = f.total_ms / q.total_ms if q.total_ms else float("inf")
+    ratio = f / q.total_ms if q.total_ms else float("inf")
     verdict = f"{ratio:.2f}x faster than" if ratio >= 1 else f"{1 / ratio:.2f}x slower than"
-    return (f"{label} estimated {verdict} FP16 on {q.gpu.title} ({q.total_ms:.3f} vs {f.total_ms:.3f} ms; "
+    return (f"{label} estimated {verdict} FP16 on {q.gpu.title} ({q.total_ms:.3f} vs {f:.3f} ms; "
             f"roofline estimate, not a measurement)")
 
 
