@@ -404,7 +404,7 @@ def _finish(run: _Run) -> Result:
                                    run.report)
     started = run.ahead(model_out, run.reference) if run.ahead is not None else None
     try:
-        result = _predicted(run, model_out, final)
+        result = _predicted(run, model_out, final, busy=int(started is not None))
     except BaseException:
         if started is not None:
             started.cancel()
@@ -413,10 +413,11 @@ def _finish(run: _Run) -> Result:
     return result
 
 
-def _predicted(run: _Run, model_out: proto.ModelProto, final: io.Loaded) -> Result:
-    """The written model's prediction and what it tells the user (see `_finish`)."""
+def _predicted(run: _Run, model_out: proto.ModelProto, final: io.Loaded, busy: int = 0) -> Result:
+    """The written model's prediction and what it tells the user (see `_finish`); `busy`: the
+    cores the caller's work ahead holds meanwhile."""
     cfg, report, loaded, plan = run.cfg, run.report, run.loaded, run.plan
-    predict_written(final, report, cfg.target, cfg.precision, model_out, cfg.gpu)
+    predict_written(final, report, cfg.target, cfg.precision, model_out, cfg.gpu, busy)
     report.notes += advice.explain(loaded.graph, plan, run.real, report.tensorrt)
     why = next((d.reason for d in plan.decisions.values() if not d.quantized and (d.reason or "").startswith(NO_INT8)),
                None)

@@ -5,13 +5,15 @@ through it alike.
 
 The two predictions are single-threaded Python and independent: on a graph of
 runtime.LARGE_GRAPH_NODES nodes or more, the FP16 engine's is started in a forked child
-(execution.ahead) before the quantized engine's, and only its estimate in milliseconds comes back
-(10,000-node CNN: 2.0 s of the stage's 4.5 s off the run's wall time on two cores). Where no child
-can run, or it fails, the parent predicts it after the quantized engine, as it always did: the line
-is the same either way.
+(execution.ahead) before the quantized engine's, where a core is free for it, and only its estimate
+in milliseconds comes back. Not beside insert --verify's child on two cores: there the three
+processes shared two cores and the 10,000-node CNN's insert took longer (25.3 -> 26.3 s, best of 3
+alternated runs each). Where no child runs, or it fails, the parent predicts it after the quantized
+engine, as it always did: the line is the same either way.
 """
 from __future__ import annotations
 
+from .calib.collect import cores
 from .execution import ahead
 from .execution.profile import step
 from .execution.runtime import LARGE_GRAPH_NODES
@@ -29,11 +31,12 @@ __all__ = ["predict_written"]
 
 
 def predict_written(loaded: io.Loaded, report: InsertReport, target: str, precision: str | None,
-                    written: proto.ModelProto, gpu: str | None) -> SimReport | None:
+                    written: proto.ModelProto, gpu: str | None, busy: int = 0) -> SimReport | None:
     """The written model's prediction into the report (`predict`), then the speed line (`speed`).
-    `loaded` is the written graph: its last use, its Q/DQ are stripped in place for the FP16 engine."""
+    `loaded` is the written graph: its last use, its Q/DQ are stripped in place for the FP16 engine.
+    `busy`: the cores other work of the run holds meanwhile (insert --verify's child)."""
     gpu_name = gpu or DEFAULT_GPU[target]
-    started = _float_ahead(loaded, target, gpu_name)
+    started = _float_ahead(loaded, target, gpu_name, busy)
     try:
         with report.stage("simulate"):
             sim = predict(loaded, report, target, precision, written=written)
@@ -90,9 +93,10 @@ def float_engine_ms(loaded: io.Loaded, target: str, gpu_name: str) -> float:
     return estimate_sim(simulate(loaded.graph, target=target, dims=loaded.dims), gpu_name).total_ms
 
 
-def _float_ahead(loaded: io.Loaded, target: str, gpu_name: str) -> ahead.Ahead | None:
-    """`float_engine_ms` started in a child where the graph is large enough to pay the fork."""
-    if len(loaded.graph.nodes) < LARGE_GRAPH_NODES:
+def _float_ahead(loaded: io.Loaded, target: str, gpu_name: str, busy: int = 0) -> ahead.Ahead | None:
+    """`float_engine_ms` started in a child where the graph is large enough to pay the fork and a
+    core is left for it beside the parent and the `busy` ones."""
+    if len(loaded.graph.nodes) < LARGE_GRAPH_NODES or cores() < 2 + busy:
         return None
     return ahead.start(lambda: float_engine_ms(loaded, target, gpu_name))
 

@@ -85,3 +85,19 @@ def test_a_failed_child_leaves_the_float_engine_to_the_parent(monkeypatch):
     monkeypatch.setattr(prediction, "float_engine_ms", dies_in_the_child)
     r = qdqgraph.quantize(m, data)
     assert r.report.tensorrt["speed"] == here.tensorrt["speed"] and r.report.warnings == here.warnings
+
+
+def test_no_float_engine_child_beside_a_busy_core_on_two(monkeypatch):
+    """insert --verify's child holds a core: on two cores the FP16 engine is predicted in the
+    process; on three it gets a child of its own."""
+    from qdqgraph import prediction
+    m = motifs.residual_add()
+    loaded = io.load(qdqgraph.quantize(m, motifs.sample_data(m)).model)
+    started = []
+    monkeypatch.setattr(prediction, "LARGE_GRAPH_NODES", 0)
+    monkeypatch.setattr(prediction.ahead, "start", lambda fn: started.append(1))
+    for n, busy, want in ((2, 1, []), (2, 0, [1]), (3, 1, [1])):
+        started.clear()
+        monkeypatch.setattr(prediction, "cores", lambda: n)
+        assert prediction._float_ahead(loaded, "tensorrt", DEFAULT_GPU["tensorrt"], busy) is None
+        assert started == want, (n, busy)
