@@ -187,3 +187,13 @@ def test_no_child_while_ray_runs_in_the_process(monkeypatch):
     assert job is not None and job.result() == 1
     monkeypatch.delitem(sys.modules, "ray")
     assert not distributed.running()
+
+
+def test_a_child_that_does_not_answer_in_time_is_killed():
+    job = ahead.start(lambda: time.sleep(60))
+    pid = job.pid
+    t = time.perf_counter()
+    with pytest.raises(ahead.Failed, match="within 0.5 s"):
+        job.result(0.5)
+    assert 0.4 < time.perf_counter() - t < 10 and job.pid is None and _gone(pid)
+    assert ahead.start(lambda: 7).result(30) == 7          # in time: the value

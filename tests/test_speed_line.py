@@ -101,3 +101,27 @@ def test_no_float_engine_child_beside_a_busy_core_on_two(monkeypatch):
         monkeypatch.setattr(prediction, "cores", lambda: n)
         assert prediction._float_ahead(loaded, "tensorrt", DEFAULT_GPU["tensorrt"], busy) is None
         assert started == want, (n, busy)
+
+
+@needs_fork
+def test_a_stuck_float_engine_child_is_waited_for_a_while_only(monkeypatch):
+    """A child stuck after the fork (a lock another thread held) is killed after the wait and
+    the FP16 engine predicted in the process: the same line, no hang."""
+    import os
+    import time
+    from qdqgraph import prediction
+    m = motifs.residual_add()
+    data = motifs.sample_data(m)
+    here = qdqgraph.quantize(m, data).report.tensorrt["speed"]
+    parent, real = os.getpid(), prediction.float_engine_ms
+
+    def stuck_in_the_child(*a):
+        if os.getpid() != parent:
+            time.sleep(600)
+        return real(*a)
+    monkeypatch.setattr(prediction, "LARGE_GRAPH_NODES", 0)
+    monkeypatch.setattr(prediction, "WAIT_MIN_S", 0.5)
+    monkeypatch.setattr(prediction, "float_engine_ms", stuck_in_the_child)
+    t = time.perf_counter()
+    assert qdqgraph.quantize(m, data).report.tensorrt["speed"] == here
+    assert time.perf_counter() - t < 60

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import sys
+import time
 from typing import Any, Callable
 
 from ..calib.collect import cores
@@ -52,17 +54,25 @@ class Ahead:
         self.pid: int | None = pid
         self.fd: int | None = read
 
-    def result(self) -> Any:
-        """fn()'s value; Failed where the child did not give one."""
+    def result(self, timeout: float | None = None) -> Any:
+        """fn()'s value; Failed where the child did not give one, or has not within `timeout`
+        seconds (then it is killed: a child stuck on a lock another thread of the parent held at
+        the fork must not hang the run)."""
         if self.fd is None:
             raise Failed("already read or cancelled")
         chunks = []
+        until = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
+                if until is not None and not select.select([self.fd], [], [], max(0.0, until - time.monotonic()))[0]:
+                    self.cancel()
+                    raise Failed(f"no result within {timeout:g} s")
                 chunk = os.read(self.fd, 1 << 20)
                 if not chunk:
                     break
                 chunks.append(chunk)
+        except Failed:
+            raise
         except BaseException:           # interrupted (Ctrl-C, SIGTERM): the child's work is not wanted
             self.cancel()
             raise
