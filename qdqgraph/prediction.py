@@ -94,7 +94,7 @@ def float_engine_ms(loaded: io.Loaded, target: str, gpu_name: str) -> float:
     """The FP16 engine's estimate (ms on `gpu_name`): the graph of `loaded` without its Q/DQ, which
     are stripped in place (the caller's last use of it, or a child's copy)."""
     strip_qdq(loaded.graph, values=False)
-    return estimate_sim(simulate(loaded.graph, target=target, dims=loaded.dims), gpu_name).total_ms
+    return float(estimate_sim(simulate(loaded.graph, target=target, dims=loaded.dims), gpu_name).total_ms)
 
 
 def _float_ahead(loaded: io.Loaded, target: str, gpu_name: str, busy: int = 0) -> ahead.Ahead | None:

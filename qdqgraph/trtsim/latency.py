@@ -85,7 +85,7 @@ def speed_line(quantized: SimReport, float_engine: SimReport | float, gpu_name: 
     """One line for a summary: the quantized engine against the FP16 engine of the same model
     (`float_engine`: its prediction, or its estimate in ms, `estimate_sim(...).total_ms`)."""
     q = estimate_sim(quantized, gpu_name)
-    f = float_engine if isinstance(float_engine, float) else estimate_sim(float_engine, gpu_name).total_ms
+    f = estimate_sim(float_engine, gpu_name).total_ms if isinstance(float_engine, SimReport) else float(float_engine)
     label = quantized.quantized if quantized.quantized else "quantized"
     ratio = f / q.total_ms if q.total_ms else float("inf")
     verdict = f"{ratio:.2f}x faster than" if ratio >= 1 else f"{1 / ratio:.2f}x slower than"
