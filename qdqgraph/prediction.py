@@ -34,7 +34,7 @@ __all__ = ["predict_written"]
 
 def predict_written(loaded: io.Loaded, report: InsertReport, target: str, precision: str | None,
                     written: proto.ModelProto, gpu: str | None, busy: int = 0) -> SimReport | None:
-    """The written model's prediction into the report (`predict`), then the speed line (`speed`).
+    """The written model's prediction into the report (`_predict`), then the speed line (`_speed`).
     `loaded` is the written graph: its last use, its Q/DQ are stripped in place for the FP16 engine.
     `busy`: the cores other work of the run holds meanwhile (insert --verify's child)."""
     gpu_name = gpu or DEFAULT_GPU[target]
@@ -42,19 +42,19 @@ def predict_written(loaded: io.Loaded, report: InsertReport, target: str, precis
     try:
         begun = time.perf_counter()
         with report.stage("simulate"):
-            sim = predict(loaded, report, target, precision, written=written)
+            sim = _predict(loaded, report, target, precision, written)
         wait = max(WAIT_MIN_S, WAIT_RATIO * (time.perf_counter() - begun))
-        speed(loaded, sim, report, target, gpu_name, started, wait)
+        _speed(loaded, sim, report, target, gpu_name, started, wait)
     finally:
         if started is not None:           # not read: the quantized engine's prediction failed
             started.cancel()
     return sim
 
 
-def predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
-            precision: str | None = None, written: proto.ModelProto | None = None) -> SimReport | None:
+def _predict(loaded: io.Loaded, report: InsertReport, target: str, precision: str | None,
+             written: proto.ModelProto) -> SimReport | None:
     """The simulator's prediction for the written model, into the report; returns it for the speed
-    line (`speed`). A simulator failure must not cost the user the model: it becomes a warning
+    line (`_speed`). A simulator failure must not cost the user the model: it becomes a warning
     naming the error. `precision`: what the run asked for, which names a model with no Q/DQ
     (nothing quantized) in the summary. `written`: the model exported from `loaded`, which gets
     the prediction and the linter's findings in its metadata for `qdqgraph report`
@@ -68,17 +68,14 @@ def predict(loaded: io.Loaded, report: InsertReport, target: str = "tensorrt",
             report.tensorrt = dict(sim.summary, inner_reformats=inner_reformats(sim), target=target)
         return sim
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
-        report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
-                               f"written; please report this")
+        report.warnings.append(_failed(e))
         return None
 
 
-def _simulate(loaded: io.Loaded, target: str, written: proto.ModelProto | None) -> SimReport:
-    """The simulation of the written graph; with `written`, `qdqgraph report`'s table, findings and
-    JSON go into its metadata (trtsim.recorded), from one reading of the graph for both. A linter
-    failure only leaves the model without a record: report then computes it (and says what failed)."""
-    if written is None:
-        return simulate(loaded.graph, target=target, dims=loaded.dims)
+def _simulate(loaded: io.Loaded, target: str, written: proto.ModelProto) -> SimReport:
+    """The simulation of the written graph; `qdqgraph report`'s table, findings and JSON go into the
+    metadata of `written` (trtsim.recorded), from one reading of the graph for both. A linter failure
+    only leaves the model without a record: report then computes it (and says what failed)."""
     try:
         sim, found = simulate_and_lint(loaded.graph, region=load_ruleset(target=target).region, target=target,
                                        dims=loaded.dims)
@@ -112,14 +109,13 @@ WAIT_RATIO = 3.0
 WAIT_MIN_S = 30.0
 
 
-def speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, target: str = "tensorrt",
-          gpu_name: str | None = None, started: ahead.Ahead | None = None, wait: float | None = None) -> None:
-    """The speed line: the quantized engine (`predict`'s) against the FP16 engine of the same
+def _speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, target: str, gpu_name: str,
+           started: ahead.Ahead | None, wait: float) -> None:
+    """The speed line: the quantized engine (`_predict`'s) against the FP16 engine of the same
     model, read from `started` (`_float_ahead`) where it ran in a child (waited for `wait`
     seconds at most), else predicted here."""
     if sim is None or report.tensorrt is None:
         return
-    gpu_name = gpu_name or DEFAULT_GPU[target]
     try:
         with report.stage("simulate"), step("float engine"):
             try:
@@ -130,5 +126,9 @@ def speed(loaded: io.Loaded, sim: SimReport | None, report: InsertReport, target
                 float_ms = float_engine_ms(loaded, target, gpu_name)
         report.tensorrt["speed"] = speed_line(sim, float_ms, gpu_name)
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
-        report.warnings.append(f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is "
-                               f"written; please report this")
+        report.warnings.append(_failed(e))
+
+
+def _failed(e: Exception) -> str:
+    """The warning a failed prediction leaves: the model is written all the same."""
+    return f"the TensorRT simulation failed ({type(e).__name__}: {e}); the model is written; please report this"
