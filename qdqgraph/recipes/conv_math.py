@@ -88,6 +88,10 @@ def patch_rows(node: gs.Node, x: np.ndarray, kernel: tuple, most: int) -> np.nda
     (channel-major, `patches`), of at most `most` output positions of each of the N samples,
     evenly strided over the output grid (every position where there are no more)."""
     total = output_positions(node, x.shape[2:], kernel)
-    step = max(1, -(-total // most))
-    at = np.arange(0, total, step)
+    at = np.arange(0, total, position_step(total, most))
     return np.concatenate([patches(node, one, kernel, at).reshape(len(at), -1) for one in x])
+
+
+def position_step(total: int, most: int) -> int:
+    """The stride over `total` output positions that keeps at most `most` of them (`patch_rows`)."""
+    return max(1, -(-total // most))

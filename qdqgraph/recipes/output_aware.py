@@ -48,7 +48,7 @@ from ..samples.data import CalibrationData
 from ..samples.rows import RowSample
 from ..execution.profile import step
 from ..execution.runtime import float_activations, float_runs
-from .conv_math import patch_rows
+from .conv_math import patch_rows, position_step
 from .pooled import PooledRows, max_pooled
 from .pooled import errors as pooled_errors
 ALPHAS = (0.0, 0.5, 0.65, 0.8)
@@ -155,13 +155,27 @@ def rows(loaded: io.Loaded, tensors: list[str], data: CalibrationData,
             v = np.asarray(values[t], dtype=np.float32)
             m = np.abs(v).max(axis=tuple(i for i in range(v.ndim) if i != 1))
             conv_max[t] = m if t not in conv_max else np.maximum(conv_max[t], m)
-            for layer in layers:
-                for one in v if not layer.full() else []:
-                    layer.add(patch_rows(layer.node, one[None], layer.kernel, 1 << 62))
-            values[t] = patch_rows(layers[0].node, v, layers[0].kernel, PATCH_POSITIONS)
+            values[t] = _pooled_rows(v, layers)
         if not sample.add(values, data.count):
             break
     return sample.rows(), {**sample.channel_max(), **conv_max}, first, sample.stated()
+
+
+def _pooled_rows(v: np.ndarray, layers: list[PooledRows]) -> np.ndarray:
+    """Show each sample of `v` [N, C, *spatial] (every position) to each layer not yet full, and
+    return the first layer's receptive fields at most PATCH_POSITIONS positions a sample apart
+    (conv_math.patch_rows), taken from the every-position rows where the first layer made them."""
+    first: list[np.ndarray] = []
+    for k, layer in enumerate(layers):
+        for one in v if not layer.full() else []:
+            every = patch_rows(layer.node, one[None], layer.kernel, 1 << 62)
+            layer.add(every)
+            if k == 0:
+                first.append(every)
+    if not first:
+        return patch_rows(layers[0].node, v, layers[0].kernel, PATCH_POSITIONS)
+    step = position_step(first[0].shape[0], PATCH_POSITIONS)
+    return np.concatenate([every[::step] for every in first])
 
 
 def _smoothing(cmax: np.ndarray, w: np.ndarray, alpha: float, taps: int = 1,
