@@ -24,7 +24,8 @@ from .placement import advice, load_ruleset
 from .graph import attention, branches, io, proto
 from .recipes import attention_guard, depthwise, output_aware, fidelity, learned_rounding, massive_columns
 from .execution import distributed
-from .calib.calibration import calibrate_plan, ranges_from_cache
+from .calib.calibration import calibrate_plan, open_session_ahead, ranges_from_cache
+from .calib.opening import Opened
 from .calib.collect import KEEP_BYTES, KEEP_SAMPLES, output_keeper
 from .config import QuantizeConfig, config_from, DEFAULT_SQNR_FLOOR
 from .samples.data import CalibrationData
@@ -46,6 +47,7 @@ from .report import InsertReport
 from .writing import write_model
 from .prediction import predict_written
 from .execution.memory import collects_every_stage, fewer_collections, free_if_large
+from .execution import runtime
 from .execution.runtime import register_custom_ops
 from .recipes.sensitivity import choose_fallback, measure, output_sqnr
 from .trtsim import simulate
@@ -154,6 +156,12 @@ class _Run:
     reference: object = None         # float outputs on the first samples (calibration's, the fidelity reference), for --verify
     products: massive_columns.Products | None = None   # massive columns' maxima from output-aware's float run
     ahead: Callable | None = None    # quantize()'s `ahead`
+    opened: Opened | None = None     # calibration's session, opened while P14 refines the plan
+
+    def drop_opened(self) -> None:
+        if self.opened is not None:
+            self.opened.drop()
+            self.opened = None
 
     @property
     def real(self) -> CalibrationData | None:
@@ -182,14 +190,30 @@ def _quantize(model, calib, config, calib_cache, progress, options, ahead=None) 
     run.ahead = ahead
     if precision(run.cfg.precision).weights_only:
         return _quantize_int4(run.loaded, run.real, run.cfg, run.report)
-    with run.report.stage("plan"):
-        run.plan = plan_for(run.loaded, run.cfg)
-        run.report.warnings += check_plan(run.loaded, run.plan)
-    _steps(run, BEFORE_CALIBRATION)
-    _calibrate(run)
+    try:
+        with run.report.stage("plan"):
+            run.plan = plan_for(run.loaded, run.cfg, placed=lambda placed: _open_ahead(run, placed))
+            run.report.warnings += check_plan(run.loaded, run.plan)
+        if run.opened is not None and any(s.wanted(run) for s in BEFORE_CALIBRATION):
+            run.drop_opened()           # a recipe changes the graph or the ranges first
+        _steps(run, BEFORE_CALIBRATION)
+        _calibrate(run)
+    finally:
+        run.drop_opened()               # taken or not, its thread has ended before anything forks
     _steps(run, AFTER_CALIBRATION)
     _insert(run)
     return _finish(run)
+
+
+def _open_ahead(run: _Run, placed: Plan) -> None:
+    """Calibration's session opened in a thread while P14 refines `placed` (calib.opening), on a
+    large graph whose calibration comes right after the plan: from data (no cache), with no recipe
+    before it. Calibration takes it only where the refined plan calibrates the same tensors."""
+    if run.data is None or run.calib_cache is not None or len(run.loaded.graph.nodes) < runtime.LARGE_GRAPH_NODES:
+        return
+    run.plan = placed               # what the recipes' conditions read; P14's plan replaces it
+    if not any(s.wanted(run) for s in BEFORE_CALIBRATION):
+        run.opened = open_session_ahead(run.loaded, placed, run.cfg)
 
 
 def _steps(run: _Run, steps: tuple[_Step, ...]) -> None:
@@ -282,7 +306,8 @@ def _calibrate(run: _Run) -> None:
         chosen = {rep for rep, members in run.plan.groups().items() if any(t in run.overrides for t in members)} \
             if run.calib_cache is None else set()
         run.amax, reference = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache,
-                                      run.cfg, run.report, run.progress, chosen, run.reference is None)
+                                      run.cfg, run.report, run.progress, chosen, run.reference is None, run.opened)
+        run.drop_opened()
         run.reference = reference if run.reference is None else run.reference
         for rep, members in run.plan.groups().items():
             chosen_ranges = [run.overrides[t] for t in members if t in run.overrides]
@@ -594,12 +619,13 @@ def _learn_rounding(loaded: io.Loaded, plan: Plan, amax: dict, data: Calibration
 
 def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: bool, calib_cache,
             cfg: QuantizeConfig, report: InsertReport, progress, chosen: set[str] | frozenset[str] = frozenset(),
-            outputs: bool = True) -> tuple[dict[str, float], object]:
+            outputs: bool = True, opened: Opened | None = None) -> tuple[dict[str, float], object]:
     """amax per scale group: from the cache (and the data for what it lacks), or from the data;
     and the float outputs the calibration runs computed on the first samples (real data only).
     `chosen`: groups whose range a recipe chose, left out of the calibration from data (their amax
     is missing from what this returns); `outputs`: whether to keep the float outputs (without
-    them, the calibration runs only the part of the graph its tensors need)."""
+    them, the calibration runs only the part of the graph its tensors need); `opened`: a session
+    opened ahead for it (calib.opening), used where it is the one calibration needs."""
     if calib_cache is not None:
         amax, missing = ranges_from_cache(plan, calib_cache, can_calibrate=real)
         if missing:
@@ -612,7 +638,7 @@ def _ranges(loaded: io.Loaded, plan: Plan, data: CalibrationData | None, real: b
         return amax, None
     left = set(plan.groups()) - chosen
     cal = calibrate_plan(loaded, plan, data, cfg, progress, only=left if chosen and (left or not outputs) else None,
-                         keep_outputs=outputs)
+                         keep_outputs=outputs, opened=opened)
     report.samples, report.calibration_seconds = cal.samples, cal.seconds
     return cal.amax, cal.outputs if real else None
 

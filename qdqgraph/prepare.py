@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -93,13 +94,17 @@ def _timed(run, loaded: io.Loaded) -> PassResult:
     return out
 
 
-def plan_for(loaded: io.Loaded, config: QuantizeConfig, float_nodes: tuple = ()) -> Plan:
+def plan_for(loaded: io.Loaded, config: QuantizeConfig, float_nodes: tuple = (),
+             placed: Callable[[Plan], None] | None = None) -> Plan:
     """The placement plan of the (cleaned) graph as it is now, small INT8 regions returned to float
-    (P14, qdqgraph.recipes.small_regions); `float_nodes`: (node, why) the fallback returns to float."""
+    (P14, qdqgraph.recipes.small_regions); `float_nodes`: (node, why) the fallback returns to float;
+    `placed(plan)` is called with the placement's plan before P14 refines it."""
     ruleset = load_ruleset(config.rules, config.precision, config.target)
     selection = config.selection(float_nodes)
     with step("placement"):
         plan = plan_placement(loaded.graph, ruleset, selection)
+    if placed is not None:
+        placed(plan)
     with step("refine (P14)"):
         return refine(loaded.graph, plan, ruleset, selection, loaded.dims)
 

@@ -25,7 +25,8 @@ from ..graph import proto, io, outputs
 from .. import api_checks
 from ..execution import distributed
 from . import cache as cache_files
-from .collect import FloatOutputs, collect, default_lanes
+from .collect import FloatOutputs, collect, default_lanes, open_ahead
+from .opening import Opened
 from .methods import compute_amax
 from .states import merge_state_files, save_states
 from ..config import DEFAULT_PERCENTILE, QuantizeConfig, config_from
@@ -145,9 +146,10 @@ def ranges_from_cache(plan: Plan, cache, can_calibrate: bool = False) -> tuple[d
 
 def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config: QuantizeConfig,
                    progress=None, only: set[str] | None = None, keep_states: bool = False,
-                   keep_outputs: bool = True) -> Calibration:
+                   keep_outputs: bool = True, opened: Opened | None = None) -> Calibration:
     """Calibrate the scale groups of `plan` (or those in `only`) on `data`; with `keep_outputs`, keep the
-    graph outputs of the first samples (Calibration.outputs), else run only what the groups need."""
+    graph outputs of the first samples (Calibration.outputs), else run only what the groups need.
+    `opened`: the session `open_session_ahead` began opening, taken where it is the one needed."""
     config_method = config.method
     assert config_method is not None, "QuantizeConfig fills in the precision's default method"
     groups = plan.groups()
@@ -163,11 +165,21 @@ def calibrate_plan(loaded: io.Loaded, plan: Plan, data: CalibrationData, config:
         states, samples, seconds = _collect_on_ray(loaded, groups, data, method, config, providers, progress)
     else:
         got = collect(loaded, groups, data, method=method, batch_size=config.batch_size, providers=providers,
-                      progress=progress, lanes=config.lanes, outputs=keep_outputs)
+                      progress=progress, lanes=config.lanes, outputs=keep_outputs, opened=opened)
         states, samples, seconds, outputs = got.states, got.samples, got.seconds, got.outputs
     amax = {} if keep_states else exact_ranges(plan, amax_from_states(states, config_method, config.percentile))
     return Calibration(groups, amax, states if keep_states else None, config_method, samples, seconds,
                        outputs=outputs)
+
+
+def open_session_ahead(loaded: io.Loaded, plan: Plan, config: QuantizeConfig) -> Opened | None:
+    """The session `calibrate_plan(loaded, plan, ..., config)` opens for all of the plan's groups,
+    opening in a thread (calib.opening) where the graph is large; None where it is not, or under Ray."""
+    if config.ray:
+        return None
+    assert config.method is not None, "QuantizeConfig fills in the precision's default method"
+    return open_ahead(loaded, plan.groups(), config.method, list(config.providers) if config.providers else None,
+                      config.lanes)
 
 
 def _collect_on_ray(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData, method: str,

@@ -46,7 +46,9 @@ from ..errors import QdqError
 from ..ops import ABS, CAST, IDENTITY, MUL, REDUCE_MAX, SLICE
 from ..execution.runtime import LARGE_GRAPH_NODES, BlockedOutputs, graph_session, unordered_session
 from ..execution import runtime
+from ..execution.profile import step
 from .histogram import COMPILED, RangeState, abs_max, finite
+from . import opening
 import os
 from concurrent.futures import ThreadPoolExecutor
 import threading
@@ -322,11 +324,12 @@ def calibration_graph(graph: gs.Graph, tensors: list[str], histogram: bool,
 def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData,
             method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
             progress=None, stride: int = HISTOGRAM_STRIDE, lanes: int | None = None,
-            threads: int | None = None, outputs: bool = True) -> Collected:
-    """`_collect`, whose failure on a sample of data qdqgraph made up (`--calib random`) says so."""
+            threads: int | None = None, outputs: bool = True, opened: opening.Opened | None = None) -> Collected:
+    """`_collect`, whose failure on a sample of data qdqgraph made up (`--calib random`) says so.
+    `opened`: a session opened ahead (`open_ahead`), taken where it is the one this would open."""
     try:
         return _collect(loaded, groups, data, method, batch_size, providers, progress, stride, lanes, threads,
-                        outputs)
+                        outputs, opened)
     except SampleFailed as e:
         fix = _random_dims_fix(data)
         if fix is None:
@@ -337,7 +340,8 @@ def collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationDa
 def _collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationData,
              method: str = "max", batch_size: int = 1, providers: list[str] | None = None,
              progress=None, stride: int = HISTOGRAM_STRIDE, lanes: int | None = None,
-             threads: int | None = None, outputs: bool = True) -> Collected:
+             threads: int | None = None, outputs: bool = True,
+             opened: opening.Opened | None = None) -> Collected:
     """Reduce every tensor of `groups` (representative -> member tensors) over all samples;
     histograms of large maps over every `stride`-th row and column (1: every value). `threads`:
     onnxruntime's threads per lane (default: the cores shared among the lanes; a Ray task, which
@@ -349,16 +353,21 @@ def _collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationD
     histogram = method != "max"
     compiled = COMPILED
     only = not outputs and prunable(loaded.graph)
-    if compiled:                         # max sees every value, whatever the stride
-        graph, fetch = raw_graph(loaded.graph, tensors, stride if histogram else 1, only=only)
-    else:
-        graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride, only=only)
-    shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
     lanes, threads = _lanes_and_threads(lanes, threads, compiled, providers)
-    if compiled:
+    taken = None
+    if compiled and opened is not None:
+        with step("onnxruntime session (opened ahead)"):
+            taken = opened.take(opening.key(loaded, tensors, stride if histogram else 1, only, providers, threads))
+    if taken is not None:
+        shell, fetch, observed, sess, blocked = taken
+    elif compiled:                       # max sees every value, whatever the stride
+        graph, fetch = raw_graph(loaded.graph, tensors, stride if histogram else 1, only=only)
+        shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
         observed = [f for f in fetch.values() if f]
         sess, blocked = unordered_session(shell, observed, providers, threads=threads)
     else:
+        graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride, only=only)
+        shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
         sess = graph_session(shell, providers)
     states = {rep: new_state(method) for rep in groups}
     start = time.perf_counter()
@@ -383,6 +392,30 @@ def _collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationD
         seen, runs = _collect_maxima(sess, probes, owner, states, data.counted_batches(batch_size), progress)
     return Collected(states, seen, time.perf_counter() - start, runs, list(sess.get_providers()),
                      keeper.result() if keeper is not None and seen else None)
+
+
+def open_ahead(loaded: io.Loaded, groups: dict[str, list[str]], method: str = "max",
+               providers: list[str] | None = None, lanes: int | None = None, threads: int | None = None,
+               stride: int = HISTOGRAM_STRIDE) -> opening.Opened | None:
+    """The session `collect(loaded, groups, ..., outputs=True)` would open, opening in a thread
+    (calib.opening), or None: only on a graph of runtime.LARGE_GRAPH_NODES nodes or more (below it the
+    session is opened another way, and costs less than the thread), with the compiled kernel on the
+    CPU provider and a second core to open it on."""
+    providers = providers or ["CPUExecutionProvider"]
+    if not COMPILED or providers != ["CPUExecutionProvider"] or cores() < 2 \
+            or len(loaded.graph.nodes) < runtime.LARGE_GRAPH_NODES:
+        return None
+    tensors, _ = _tensors_and_owners(groups)
+    lanes, threads = _lanes_and_threads(lanes, threads, True, providers)
+    stride = stride if method != "max" else 1
+    graph, fetch = raw_graph(loaded.graph, tensors, stride, only=False)
+    if len(graph.nodes) < runtime.LARGE_GRAPH_NODES:
+        return None
+    shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
+    observed = [f for f in fetch.values() if f]
+    opener, blocked = runtime.large_unordered(shell, observed, providers, threads=threads)
+    return opening.Opened(opening.key(loaded, tensors, stride, False, providers, threads), shell, fetch, observed,
+                          opener, blocked)
 
 
 def _tensors_and_owners(groups: dict[str, list[str]]) -> tuple[list[str], dict[str, str]]:

@@ -354,20 +354,18 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
     (measured on 512 samples at batch 1, against spinning on: calibration loop on ResNet-50 19.4-20.1 s
     -> 18.5-18.9 s, EfficientNet-B0 7.8 -> 6.4 s, MobileNetV3-Large 4.8 -> 4.2 s).
     Returns (session, BlockedOutputs)."""
+    if len(loaded.graph.nodes) >= LARGE_GRAPH_NODES:
+        opener, same = large_unordered(loaded, outputs, providers, purpose, threads)
+        return opener(), same
     with step("export for onnxruntime"):
         model, weights = io.to_model_and_weights(loaded)
     model = io.with_outputs(model, outputs)
     same = BlockedOutputs({n: n for n in outputs}, {})
 
-    large = len(loaded.graph.nodes) >= LARGE_GRAPH_NODES
-
     def plain():
-        opts = _options(spin=False, threads=threads)
-        if large:       # no blocked layout to hand out, and none to compute in (see LARGE_GRAPH_NODES)
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        return session(model, providers, purpose, weights=weights, opts=opts)
+        return session(model, providers, purpose, weights=weights, opts=_options(spin=False, threads=threads))
     if not blocked or list(providers or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"] \
-            or not _may_block(loaded) or large:
+            or not _may_block(loaded):
         return plain(), same
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
         # onnxruntime optimizes the graph and writes the result (weights in a file beside it); any
@@ -394,6 +392,21 @@ def unordered_session(loaded: io.Loaded, outputs: list[str], providers: list[str
                 return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]), found
         except Exception:
             return plain(), same
+
+
+def large_unordered(loaded: io.Loaded, outputs: list[str], providers: list[str] | None = None,
+                    purpose: str = "calibration", threads: int = 0):
+    """`unordered_session` on a graph of LARGE_GRAPH_NODES nodes or more, in two parts: the model
+    exported here, and a callable that opens its session (no blocked layout to hand out, and none
+    to compute in: see LARGE_GRAPH_NODES). onnxruntime opens a session without holding the GIL, so
+    another thread may call it while this one computes (calib.ahead). Returns (opener, BlockedOutputs)."""
+    with step("export for onnxruntime"):
+        model, weights = io.to_model_and_weights(loaded)
+    model = io.with_outputs(model, outputs)
+    opts = _options(spin=False, threads=threads)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    return (lambda: session(model, providers, purpose, weights=weights, opts=opts)), \
+        BlockedOutputs({n: n for n in outputs}, {})
 
 
 # Ops onnxruntime's NCHWc transformer starts a blocked region at; a graph without them has no blocked
