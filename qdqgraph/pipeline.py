@@ -213,7 +213,8 @@ def _open_ahead(run: _Run, placed: Plan) -> None:
         return
     run.plan = placed               # what the recipes' conditions read; P14's plan replaces it
     if not any(s.wanted(run) for s in BEFORE_CALIBRATION):
-        run.opened = open_session_ahead(run.loaded, placed, run.cfg)
+        with step("calibration session, opened ahead"):     # its export here, its opening in a thread
+            run.opened = open_session_ahead(run.loaded, placed, run.cfg)
 
 
 def _steps(run: _Run, steps: tuple[_Step, ...]) -> None:
