@@ -14,7 +14,6 @@ failure is then raised by that opening, with its message.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Callable
 
 from ..graph import io
@@ -38,7 +37,6 @@ class Opened:
         self.key, self.shell, self.fetch, self.observed, self.blocked = key, shell, fetch, observed, blocked
         self._opener: Callable[[], Any] | None = opener
         self._session: Any = None
-        self.waited = 0.0
         self._thread = threading.Thread(target=self._open, name="qdqgraph-calibration-session", daemon=True)
         self._thread.start()
 
@@ -54,7 +52,7 @@ class Opened:
     def take(self, wanted: tuple) -> tuple | None:
         """(shell, fetch, observed, session, blocked) where `wanted` is this session's key, else None
         (dropped). Waits for the opening to end."""
-        self._join()
+        self._thread.join()
         session, self._session = self._session, None
         if session is None or wanted != self.key:
             return None
@@ -62,10 +60,5 @@ class Opened:
 
     def drop(self) -> None:
         """Wait for the opening to end and let the session go (nothing may fork while it opens)."""
-        self._join()
-        self._session = None
-
-    def _join(self) -> None:
-        start = time.perf_counter()
         self._thread.join()
-        self.waited += time.perf_counter() - start
+        self._session = None

@@ -399,7 +399,7 @@ def large_unordered(loaded: io.Loaded, outputs: list[str], providers: list[str] 
     """`unordered_session` on a graph of LARGE_GRAPH_NODES nodes or more, in two parts: the model
     exported here, and a callable that opens its session (no blocked layout to hand out, and none
     to compute in: see LARGE_GRAPH_NODES). onnxruntime opens a session without holding the GIL, so
-    another thread may call it while this one computes (calib.ahead). Returns (opener, BlockedOutputs)."""
+    another thread may call it while this one computes (calib.opening). Returns (opener, BlockedOutputs)."""
     with step("export for onnxruntime"):
         model, weights = io.to_model_and_weights(loaded)
     model = io.with_outputs(model, outputs)
