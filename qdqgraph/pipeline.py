@@ -308,7 +308,6 @@ def _calibrate(run: _Run) -> None:
             if run.calib_cache is None else set()
         run.amax, reference = _ranges(run.loaded, run.plan, run.data, is_real(run.calib), run.calib_cache,
                                       run.cfg, run.report, run.progress, chosen, run.reference is None, run.opened)
-        run.drop_opened()
         run.reference = reference if run.reference is None else run.reference
         for rep, members in run.plan.groups().items():
             chosen_ranges = [run.overrides[t] for t in members if t in run.overrides]

@@ -361,9 +361,7 @@ def _collect(loaded: io.Loaded, groups: dict[str, list[str]], data: CalibrationD
     if taken is not None:
         shell, fetch, observed, sess, blocked = taken
     elif compiled:                       # max sees every value, whatever the stride
-        graph, fetch = raw_graph(loaded.graph, tensors, stride if histogram else 1, only=only)
-        shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
-        observed = [f for f in fetch.values() if f]
+        shell, fetch, observed = _raw_shell(loaded, tensors, stride if histogram else 1, only)
         sess, blocked = unordered_session(shell, observed, providers, threads=threads)
     else:
         graph, probes = calibration_graph(loaded.graph, tensors, histogram, stride, only=only)
@@ -408,14 +406,19 @@ def open_ahead(loaded: io.Loaded, groups: dict[str, list[str]], method: str = "m
     tensors, _ = _tensors_and_owners(groups)
     lanes, threads = _lanes_and_threads(lanes, threads, True, providers)
     stride = stride if method != "max" else 1
-    graph, fetch = raw_graph(loaded.graph, tensors, stride, only=False)
-    if len(graph.nodes) < runtime.LARGE_GRAPH_NODES:
+    shell, fetch, observed = _raw_shell(loaded, tensors, stride, False)
+    if len(shell.graph.nodes) < runtime.LARGE_GRAPH_NODES:
         return None
-    shell = io.Loaded(graph=graph, ir_version=loaded.ir_version)
-    observed = [f for f in fetch.values() if f]
     opener, blocked = runtime.large_unordered(shell, observed, providers, threads=threads)
     return opening.Opened(opening.key(loaded, tensors, stride, False, providers, threads), shell, fetch, observed,
                           opener, blocked)
+
+
+def _raw_shell(loaded: io.Loaded, tensors: list[str], stride: int, only: bool) -> tuple[io.Loaded, dict, list[str]]:
+    """The calibration graph of the compiled kernel's path (`raw_graph`) as a model, the tensor each
+    observed one is fetched as, and the outputs its session adds."""
+    graph, fetch = raw_graph(loaded.graph, tensors, stride, only=only)
+    return io.Loaded(graph=graph, ir_version=loaded.ir_version), fetch, [f for f in fetch.values() if f]
 
 
 def _tensors_and_owners(groups: dict[str, list[str]]) -> tuple[list[str], dict[str, str]]:
