@@ -51,7 +51,15 @@ def pytest_sessionstart(session):
     folder = os.environ.get("QDQGRAPH_COLLECT_WRITTEN")
     if folder:
         import collect_written
-        collect_written.start(Path(folder))
+        session.config._qdqgraph_collect_hook = collect_written.start(Path(folder))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # the sitecustomize folder is the run's own temporary: gone with it (the collected models stay)
+    hook = getattr(session.config, "_qdqgraph_collect_hook", None)
+    if hook is not None:
+        import shutil
+        shutil.rmtree(hook, ignore_errors=True)
 
 
 from qdqgraph.calib import collect as collect_module  # noqa: E402 (after the path set-up above)
