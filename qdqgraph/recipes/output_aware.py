@@ -30,6 +30,7 @@ reads it (recipes/pooled.py).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 from typing import Protocol
 
@@ -46,6 +47,8 @@ from ..placement.plan import Plan
 from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..samples.rows import RowSample
+from ..calib.collect import cores
+from ..execution import blas
 from ..execution.profile import step
 from ..execution.runtime import float_activations, float_runs
 from .conv_math import patch_rows, position_step
@@ -73,6 +76,7 @@ SCAN_STRIDE = 8           # ... and every 8th of the others
 SCAN_KEEP = 2             # the best grid points of the scan, measured again on all rows
 SCAN_SAMPLES_SHARE = 4    # a pooled layer's grid is scanned on this share of its samples (recipes/pooled)
 MUL_GAIN = 0.25           # a smoothing that needs an inserted Mul must cut the output error by this much
+SEARCH_THREADS = 4        # tensors searched at once, at most one a core (on one BLAS thread each)
 PATCH_POSITIONS = 2048    # output positions of a convolution taken as rows from each sample, at most
 
 
@@ -387,7 +391,9 @@ def _sampled(loaded: io.Loaded, plan: Plan, data: CalibrationData,
 
 def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict,
             pooled: dict[str, list[PooledRows]] | None = None) -> list[Choice]:
-    out = []
+    # the graph is read here, on this thread; only each tensor's numeric search (`_search`: numpy,
+    # which lets go of the GIL) runs in `_searched`'s threads, and its results are taken in order
+    jobs = []
     for t, nodes in sorted(linear.items()):
         if t not in xs or xs[t].shape[0] < MIN_ROWS:
             continue
@@ -400,8 +406,10 @@ def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict,
         if w.shape[0] != xs[t].shape[1] or cmax[t].shape[0] * taps != w.shape[0]:
             continue
         wmax = np.max([_channel_wmax(layer.w, layer.taps) for layer in layers], axis=0) if layers else None
-        calibrated = high_percentile(np.abs(xs[t]), 99.99)
-        (alpha, amax, err), at_zero = _search(xs[t], w, cmax[t], (calibrated,), ALPHAS, taps, layers, wmax)
+        jobs.append((t, nodes, w, taps, trailing, layers, wmax))
+    out = []
+    for (t, nodes, w, taps, trailing, layers, wmax), found in zip(jobs, _searched(jobs, xs, cmax)):
+        (alpha, amax, err), at_zero = found
         assert at_zero is not None, "ALPHAS holds 0"
         plain = at_zero[2]
         folded = fold_kind(view, view.tensors[t], {n.name for n in nodes}) if alpha > 0 and trailing <= 0 else ""
@@ -411,6 +419,22 @@ def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict,
                           _smoothing(cmax[t], w, alpha, taps, wmax) if alpha > 0 else None, max(trailing, 0),
                           bool(layers)))
     return out
+
+
+def _searched(jobs: list[tuple], xs: dict, cmax: dict) -> list[tuple]:
+    """`_search` of each job's tensor, in order: on numpy's BLAS at one thread where it can be set
+    (execution.blas), SEARCH_THREADS tensors at once on as many cores; else one at a time."""
+    def one(job):
+        t, _, w, taps, _, layers, wmax = job
+        calibrated = high_percentile(np.abs(xs[t]), 99.99)
+        return _search(xs[t], w, cmax[t], (calibrated,), ALPHAS, taps, layers, wmax)
+
+    with blas.one_thread() as single:
+        threads = min(SEARCH_THREADS, cores(), len(jobs)) if single else 1
+        if threads <= 1:
+            return [one(job) for job in jobs]
+        with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="qdqgraph-search") as pool:
+            return list(pool.map(one, jobs))
 
 
 def high_percentile(a: np.ndarray, q: float) -> float:
