@@ -60,7 +60,7 @@ def test_the_tensors_searched_at_once_get_what_each_gets_alone(monkeypatch):
         seen.add(threading.current_thread().name)
         return real(*args)
     monkeypatch.setattr(output_aware, "_search", spy)
-    monkeypatch.setattr(output_aware, "cores", lambda: 2)
+    monkeypatch.setattr(blas, "cores", lambda: 2)
     at_once = output_aware._searched(jobs, xs, cmax)
     with blas.one_thread():
         alone = [output_aware._searched([job], xs, cmax)[0] for job in jobs]
@@ -79,6 +79,25 @@ def test_one_core_searches_on_this_thread(monkeypatch):
         seen.add(threading.current_thread().name)
         return real(*args)
     monkeypatch.setattr(output_aware, "_search", spy)
-    monkeypatch.setattr(output_aware, "cores", lambda: 1)
+    monkeypatch.setattr(blas, "cores", lambda: 1)
     output_aware._searched(jobs, xs, cmax)
     assert seen == {threading.current_thread().name}
+
+
+def test_mapped_yields_in_order_and_gives_blas_its_threads_back_when_closed_early(monkeypatch):
+    controls = blas._controls()
+    if controls is None:
+        pytest.skip("numpy's BLAS here is not an OpenBLAS this process can reach")
+    get, put = controls
+    put(2)
+    monkeypatch.setattr(blas, "cores", lambda: 2)
+    try:
+        assert list(blas.mapped(lambda i: i * i, list(range(9)))) == [i * i for i in range(9)]
+        assert get() == 2
+        it = blas.mapped(lambda i: (get(), i), list(range(5)))
+        first = next(it)
+        assert first == (1, 0)          # the item ran with BLAS on one thread
+        it.close()
+        assert get() == 2
+    finally:
+        put(2)

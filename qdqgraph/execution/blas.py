@@ -1,23 +1,32 @@
-"""numpy's BLAS run on one thread for a while, where it is an OpenBLAS this process can reach.
+"""numpy's BLAS on one thread for a while, where it is an OpenBLAS this process can reach, and the
+numeric searches of several tensors run at once on it (`mapped`).
 
-The searches that run numpy on several tensors at once (recipes/output_aware) want one BLAS thread
-each: two searches whose products each start two BLAS threads on two cores wait on one another
-(MiniLM-L6's 24 searches: 1.03-1.10 s one at a time, 1.16-1.31 s two at a time with BLAS
-threaded, 0.79-0.86 s two at a time on one BLAS thread each). One BLAS thread also makes the
-products' sums the same on any machine of the same CPU kind, whatever its cores: a threaded
-OpenBLAS splits a product by the cores it has, and the last bits of a sum follow the split.
+The recipes that search each tensor with numpy (recipes/output_aware, recipes/int4_weights) run
+several at once on one BLAS thread each: two searches whose products each start two BLAS threads on
+two cores wait on one another (MiniLM-L6's 24 output-aware searches in one process: 1.19-1.33 s
+one at a time, BLAS threaded; 0.90-1.08 s two at a time on one BLAS thread each; slower than one at
+a time when both are threaded). One BLAS thread also makes the products' sums the same on any
+machine of the same CPU kind, whatever its cores: a threaded OpenBLAS splits a product by the cores
+it has, and the last bits of a sum can follow the split.
 
 numpy's wheels carry OpenBLAS (`scipy_openblas` with 64-bit integers, or plain `openblas`); its
 thread count is set through the library numpy has loaded, found in /proc/self/maps. Elsewhere
-(another BLAS, another OS) `one_thread` yields False and changes nothing.
+(another BLAS, another OS) `one_thread` yields False, changes nothing, and `mapped` runs one item
+at a time.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import os
 import threading
-from typing import Iterator
+from typing import Callable, Generator, Iterator, Sequence, TypeVar
+
+from ..calib.collect import cores
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # (get, set) symbol pairs of OpenBLAS builds: numpy's own wheels, then a system OpenBLAS
 _SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
@@ -78,3 +87,19 @@ def one_thread() -> Iterator[bool]:
             yield True
         finally:
             put(before)
+
+
+def mapped(fn: Callable[[T], R], items: Sequence[T], most: int = 4) -> Generator[R, None, None]:
+    """fn(item) for each of `items`, yielded in order, with numpy's BLAS on one thread (`one_thread`)
+    until the last is yielded: on up to `most` threads, one a core, where it could be set; else one
+    item at a time, as a plain loop would. `fn` must only compute (numpy lets go of the GIL in its
+    loops and products) on what nobody changes meanwhile: the graph is the caller's, read before and
+    written as the results come."""
+    with one_thread() as single:
+        threads = min(most, cores(), len(items)) if single else 1
+        if threads <= 1:
+            for item in items:
+                yield fn(item)
+            return
+        with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="qdqgraph-search") as pool:
+            yield from pool.map(fn, items)

@@ -45,6 +45,7 @@ rows (alpha) and K * block_size * N per clip ratio (block Gram matrices).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..errors import QdqError, option
 from ..ops import DEQUANTIZE
+from ..execution import blas
 from ..execution.runtime import float_activations
 from ..graph.view import GraphView
 from ..passes.base import PassResult, result
@@ -74,6 +76,7 @@ CLIP_RATIOS = tuple(1.0 - i / 20 for i in range(11))       # fractions of the bl
 MIN_CHANNEL_SCALE = 1e-4  # AWQ's floor on mean|x|^alpha before normalising
 BLOCK_SIZES = (128, 64, 32, 16)                            # suggested when K does not divide
 MAX_ROWS = 512            # rows of each activation the AWQ search runs on
+SEARCH_THREADS = 4        # weights (or inputs) searched at once, one a core (execution.blas.mapped)
 SAMPLES = 32              # calibration samples they are drawn from
 ROW_SEED = 0
 SCALE_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))   # DequantizeLinear outputs qdqgraph writes
@@ -355,6 +358,7 @@ def _choose_scalings(view: GraphView, readers: dict[str, list[tuple[Target, gs.N
         for t, _ in group:
             inputs_of_weight.setdefault(t.weight, set()).add(name)
     out = {}
+    jobs = []                   # searched together below; the graph is read here only
     for name, group in readers.items():
         c = out[name] = Scaling(name)
         x = rows.get(name)
@@ -368,9 +372,14 @@ def _choose_scalings(view: GraphView, readers: dict[str, list[tuple[Target, gs.N
         if not c.how:
             c.skip("no LayerNorm or linear producer that only these layers read, to fold 1/s into")
             continue
-        values = [view.constant(n.inputs[1]) for _, n in group]
-        ws = [_as_kn(v, t.axis) for v, (t, _) in zip(values, group)]
-        c.alpha, s = search_alpha(x, ws, block_size, values[0].dtype)
+        jobs.append((c, x, [(view.constant(n.inputs[1]), t.axis) for t, n in group]))
+
+    def search(job):            # the float32 [K, N] weights made here, one search's at a time
+        _, x, values = job
+        return search_alpha(x, [_as_kn(v, axis) for v, axis in values], block_size, values[0][0].dtype)
+    found = list(blas.mapped(search, jobs, SEARCH_THREADS))
+    for (c, _, _), (alpha, s) in zip(jobs, found):
+        c.alpha = alpha
         if c.alpha == 0:
             c.how = "none"
         else:
@@ -521,9 +530,16 @@ def quantize_int4_weights(loaded: io.Loaded, *, block_size: int = 128, method: s
     for t, node in found:           # the weights as the folds left them
         by_weight.setdefault(node.inputs[1].name, []).append((t, node))
     weights = {}
+    keys = []
     for name, group in by_weight.items():
-        key = group[0][0].weight if group[0][0].weight not in weights else name   # the model's name
-        weights[key] = _int4_weight(graph, view, key, group, rows, scalings, method, block_size)
+        keys.append(group[0][0].weight if group[0][0].weight not in keys else name)   # the model's name
+    # each weight's quantization is numeric (searched at once); the graph is changed here as each comes
+    jobs = [_weight_job(view, group, rows, scalings, method) for group in by_weight.values()]
+    done = blas.mapped(lambda job: _quantize_weight(_as_kn(job[0], job[1]), job[2], job[3], block_size,
+                                                    job[0].dtype), jobs, SEARCH_THREADS)
+    with contextlib.closing(done):      # BLAS's threads back at once, should a replacement fail
+        for key, group, quantized in zip(keys, by_weight.values(), done):
+            weights[key] = _int4_weight(graph, view, key, group, scalings, method, block_size, quantized)
     before = sum(w["bytes_before"] for w in weights.values())
     after = sum(w["bytes_after"] for w in weights.values())
     if weights:
@@ -539,16 +555,25 @@ def _rescaled(view: GraphView, scalings: dict[str, Scaling]) -> list[str]:
                    for n in fold_reach(view, view.tensors[c.tensor], c.how)})
 
 
-def _int4_weight(graph: gs.Graph, view: GraphView, name: str, group: list[tuple[Target, gs.Node]], rows: dict,
-                 scalings: dict[str, Scaling], method: str, block_size: int) -> dict:
-    """Quantize the weight the nodes of `group` read, feed them from one DequantizeLinear named
-    after `name`, and return its details."""
+def _weight_job(view: GraphView, group: list[tuple[Target, gs.Node]], rows: dict, scalings: dict[str, Scaling],
+                method: str) -> tuple:
+    """(the weight the nodes of `group` read, its K axis, its rows or None, the AWQ scale or None):
+    what `_quantize_weight` takes for it (the float32 [K, N] copy is made by the search itself)."""
     t, node = group[0]
     value = view.constant(node.inputs[1])
     c = scalings.get(node.inputs[0].name)       # a weight read from several inputs is never scaled
     x = _rows_of(group, rows, t.k) if method == "awq" else None
-    q, scale, ratio, err, rtn = _quantize_weight(_as_kn(value, t.axis), x, c.scale if c else None,
-                                                 block_size, value.dtype)
+    return value, t.axis, x, c.scale if c else None
+
+
+def _int4_weight(graph: gs.Graph, view: GraphView, name: str, group: list[tuple[Target, gs.Node]],
+                 scalings: dict[str, Scaling], method: str, block_size: int, quantized: tuple) -> dict:
+    """Feed the nodes of `group` from one DequantizeLinear named after `name` of their weight
+    `quantized` (`_quantize_weight`'s answer), and return its details."""
+    t, node = group[0]
+    value = view.constant(node.inputs[1])
+    c = scalings.get(node.inputs[0].name)
+    q, scale, ratio, err, rtn = quantized
     kept = _read_elsewhere(view, node.inputs[1], [n for _, n in group])
     dq = _replace(graph, name, [n for _, n in group], q, scale, t.axis, block_size, value.shape)
     size = _int4_bytes(q.size) + scale.nbytes + _int4_bytes(scale.size) + (value.nbytes if kept else 0)

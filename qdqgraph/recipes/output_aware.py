@@ -30,7 +30,6 @@ reads it (recipes/pooled.py).
 """
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 from typing import Protocol
 
@@ -47,7 +46,6 @@ from ..placement.plan import Plan
 from ..precisions.scales import safe_scales
 from ..samples.data import CalibrationData
 from ..samples.rows import RowSample
-from ..calib.collect import cores
 from ..execution import blas
 from ..execution.profile import step
 from ..execution.runtime import float_activations, float_runs
@@ -422,19 +420,12 @@ def _choose(view: GraphView, linear: dict, xs: dict, cmax: dict,
 
 
 def _searched(jobs: list[tuple], xs: dict, cmax: dict) -> list[tuple]:
-    """`_search` of each job's tensor, in order: on numpy's BLAS at one thread where it can be set
-    (execution.blas), SEARCH_THREADS tensors at once on as many cores; else one at a time."""
+    """`_search` of each job's tensor, in order, SEARCH_THREADS at once (execution.blas.mapped)."""
     def one(job):
         t, _, w, taps, _, layers, wmax = job
         calibrated = high_percentile(np.abs(xs[t]), 99.99)
         return _search(xs[t], w, cmax[t], (calibrated,), ALPHAS, taps, layers, wmax)
-
-    with blas.one_thread() as single:
-        threads = min(SEARCH_THREADS, cores(), len(jobs)) if single else 1
-        if threads <= 1:
-            return [one(job) for job in jobs]
-        with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="qdqgraph-search") as pool:
-            return list(pool.map(one, jobs))
+    return list(blas.mapped(one, jobs, SEARCH_THREADS))
 
 
 def high_percentile(a: np.ndarray, q: float) -> float:
