@@ -51,8 +51,8 @@ def _jobs(n: int, seed: int = 0) -> tuple[list, dict, dict]:
     return jobs, xs, cmax
 
 
-def test_the_tensors_searched_at_once_get_what_each_gets_alone(monkeypatch):
-    jobs, xs, cmax = _jobs(7)
+def _threads_seen(monkeypatch, cores: int) -> set[str]:
+    """The names of the threads `_search` will run on, collected as it runs, with `cores` cores."""
     seen: set[str] = set()
     real = output_aware._search
 
@@ -60,7 +60,13 @@ def test_the_tensors_searched_at_once_get_what_each_gets_alone(monkeypatch):
         seen.add(threading.current_thread().name)
         return real(*args)
     monkeypatch.setattr(output_aware, "_search", spy)
-    monkeypatch.setattr(blas, "cores", lambda: 2)
+    monkeypatch.setattr(blas, "cores", lambda: cores)
+    return seen
+
+
+def test_the_tensors_searched_at_once_get_what_each_gets_alone(monkeypatch):
+    jobs, xs, cmax = _jobs(7)
+    seen = _threads_seen(monkeypatch, 2)
     at_once = output_aware._searched(jobs, xs, cmax)
     with blas.one_thread():
         alone = [output_aware._searched([job], xs, cmax)[0] for job in jobs]
@@ -72,14 +78,7 @@ def test_the_tensors_searched_at_once_get_what_each_gets_alone(monkeypatch):
 
 def test_one_core_searches_on_this_thread(monkeypatch):
     jobs, xs, cmax = _jobs(3, seed=1)
-    seen: set[str] = set()
-    real = output_aware._search
-
-    def spy(*args):
-        seen.add(threading.current_thread().name)
-        return real(*args)
-    monkeypatch.setattr(output_aware, "_search", spy)
-    monkeypatch.setattr(blas, "cores", lambda: 1)
+    seen = _threads_seen(monkeypatch, 1)
     output_aware._searched(jobs, xs, cmax)
     assert seen == {threading.current_thread().name}
 
