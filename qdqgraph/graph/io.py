@@ -1430,6 +1430,16 @@ def _inferred_at(loaded: Loaded, shapes: dict[str, tuple[int, ...]]) -> dict[str
     return {name: list(shape) for name, shape in found.items() if shape is not None}
 
 
+def shapes_at(loaded: Loaded, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple]:
+    """Tensor name -> its shape when the graph inputs have `shapes` (input name -> a sample's
+    shape): ONNX shape inference over the graph with those inputs fixed (`_inferred_at`, the
+    declared shapes set aside; a dimension it cannot fix is a symbol's name), the inputs' own
+    among them."""
+    found = {name: tuple(s) for name, s in _inferred_at(loaded, shapes).items()}
+    found.update({name: tuple(int(d) for d in s) for name, s in shapes.items()})
+    return found
+
+
 def _plain(graph: gs.Graph) -> bool:
     """No functions and no node with a subgraph: the graphs the linear cleanup and sort take."""
     if graph.functions:

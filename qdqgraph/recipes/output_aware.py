@@ -40,6 +40,7 @@ from ..graph import io
 from ..graph.view import GraphView
 from ..passes.base import PassResult
 from ..passes.channel_scale import MAX_SCALE, fold_kind, k_axis
+from ..passes.fold_columns import proved
 from ..passes.output_aware import Choice, apply
 from ..passes.smooth import conv_targets, targets
 from ..placement.plan import Plan
@@ -454,10 +455,13 @@ def high_percentile(a: np.ndarray, q: float) -> float:
 
 def failed_folds(loaded: io.Loaded, pending: dict, first: dict, data: CalibrationData) -> dict:
     """The producer folds whose tensor, on the first sample, is not its float value divided by the
-    smoothing (a reshape that does not keep the column order)."""
+    smoothing (a reshape that does not keep the column order). The folds their shapes prove
+    (`_proved`) are not run; the others are, on the graph with every fold in it."""
     if not pending:
         return {}
-    names = sorted(pending)
+    names = sorted(set(pending) - _proved(loaded, pending, first, data))
+    if not names:
+        return {}
     try:
         now: dict[str, np.ndarray] = next(iter(float_activations(loaded, names, data, 1, "output-aware fold check")), {})
     except Exception:  # noqa: BLE001 - a fold that breaks the model is undone like one that changes it
@@ -470,6 +474,19 @@ def failed_folds(loaded: io.Loaded, pending: dict, first: dict, data: Calibratio
         if got.shape != want.shape or not np.allclose(got, want, rtol=1e-3, atol=1e-4 * (float(np.abs(want).max()) or 1.0)):
             failed[name] = pending[name]
     return failed
+
+
+def _proved(loaded: io.Loaded, pending: dict, first: dict, data: CalibrationData) -> set[str]:
+    """The pending folds that keep the column order by their shapes (passes.fold_columns), at the
+    first sample's input shapes, each tensor's symbols fixed by the shape the float run saw it
+    with: those need no run to check."""
+    try:
+        shapes = io.shapes_at(loaded, {k: tuple(v.shape) for k, v in data.sample(0).items()})
+    except Exception:  # noqa: BLE001 - no shapes, no proof: the run checks every fold
+        return set()
+    view = GraphView(loaded.graph)
+    return {name for name in pending if name in first
+            and proved(view, view.tensors[name], shapes, tuple(first[name].shape))}
 
 
 def run(loaded: io.Loaded, plan: Plan, data: CalibrationData, riders: tuple[Rider, ...] = (),
