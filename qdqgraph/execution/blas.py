@@ -5,7 +5,9 @@ The recipes that search each tensor with numpy (recipes/output_aware, recipes/in
 several at once on one BLAS thread each: two searches whose products each start two BLAS threads on
 two cores wait on one another (MiniLM-L6's 24 output-aware searches in one process: 1.19-1.33 s
 one at a time, BLAS threaded; 0.90-1.08 s two at a time on one BLAS thread each; slower than one at
-a time when both are threaded). One BLAS thread also makes the products' sums the same on any
+a time when both are threaded). The threads cost resident memory that stays (MiniLM's insert: about
++33 MB from the search on; a malloc_trim after the search did not give it back, and where it lies,
+numpy's arenas or OpenBLAS's per-thread buffers, is not measured). One BLAS thread also makes the products' sums the same on any
 machine of the same CPU kind, whatever its cores: a threaded OpenBLAS splits a product by the cores
 it has, and the last bits of a sum can follow the split.
 
