@@ -35,7 +35,7 @@ def producer_path(view: GraphView, t: gs.Tensor, limit: int = MAX_PATH):
     bias Adds and the right operand of MatMuls of two activations: a MatMul/Gemm with a constant
     2-D weight, or a Mul by a constant vector over the last axis (the gamma of a LayerNorm written
     out as ops); None when there is none. The column order through reshapes is not proved here:
-    callers that scale per channel check it."""
+    callers that scale per channel prove it (passes/fold_columns) or check it."""
     return _walk(view, t, limit)[0]
 
 

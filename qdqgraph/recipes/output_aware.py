@@ -17,9 +17,10 @@ the pass.
 The smoothing adds no node where it can be folded: into a LayerNormalization's scale and bias
 where the LayerNorm output feeds nothing else, or into the output columns (and bias) of the linear
 layer that makes the tensor, through reshapes, transposes and the right operand of a MatMul (an
-attention's context is its value projection's columns, mixed over tokens). Column order through
-the reshapes is not proved from shapes: a fold into a producer is checked on one calibration
-sample (the tensor must come out divided by s) and undone, for a Mul, where it is not. Elsewhere
+attention's context is its value projection's columns, mixed over tokens). A fold into a producer
+keeps the column order where the path's shapes prove it (passes/fold_columns); any other is
+checked on one calibration sample (the tensor must come out divided by s) and undone, for a Mul,
+where it is not. Elsewhere
 the smoothing is a Mul in front of the readers, taken only when it cuts the error by MUL_GAIN or
 more, since TensorRT runs the Q after that Mul as a standalone reformat. The chosen range of each
 tensor is returned, to replace the calibrated one (`ranges`).
