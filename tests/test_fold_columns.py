@@ -202,3 +202,17 @@ def test_a_fold_the_shapes_do_not_prove_is_still_run_and_undone(monkeypatch):
     res, _ = output_aware.apply(loaded, choices, first, lambda pending: output_aware.failed_folds(loaded, pending, first, data))
     assert runs == [["merge_out"]]
     assert res["into_producer"] == [] and res["multiplied"] == ["merge_out"]
+
+
+def test_a_proof_that_fails_to_read_the_graph_leaves_the_fold_to_the_run(monkeypatch):
+    m = motifs.attention_block()
+    loaded, plan = prepare(m)
+    data = read_data(loaded, motifs.sample_data(m), QuantizeConfig())
+    choices, first = _context_choice(loaded, plan, data, "ctx_merge_out")
+
+    def broken(*args):
+        raise KeyError("a tensor the proof did not expect")
+    monkeypatch.setattr(output_aware, "proved", broken)
+    runs = _spy_runs(monkeypatch)
+    res, _ = output_aware.apply(loaded, choices, first, lambda pending: output_aware.failed_folds(loaded, pending, first, data))
+    assert runs == [["ctx_merge_out"]] and res["into_producer"] == ["ctx_merge_out"]

@@ -486,8 +486,14 @@ def _proved(loaded: io.Loaded, pending: dict, first: dict, data: CalibrationData
     except Exception:  # noqa: BLE001 - no shapes, no proof: the run checks every fold
         return set()
     view = GraphView(loaded.graph)
-    return {name for name in pending if name in first
-            and proved(view, view.tensors[name], shapes, tuple(first[name].shape))}
+    return {name for name in pending if name in first and _proves(view, name, shapes, tuple(first[name].shape))}
+
+
+def _proves(view: GraphView, name: str, shapes: dict, seen: tuple) -> bool:
+    try:
+        return proved(view, view.tensors[name], shapes, seen)
+    except Exception:  # noqa: BLE001 - a graph the proof cannot read is run and checked instead
+        return False
 
 
 def run(loaded: io.Loaded, plan: Plan, data: CalibrationData, riders: tuple[Rider, ...] = (),
