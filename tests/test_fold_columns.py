@@ -216,3 +216,44 @@ def test_a_proof_that_fails_to_read_the_graph_leaves_the_fold_to_the_run(monkeyp
     runs = _spy_runs(monkeypatch)
     res, _ = output_aware.apply(loaded, choices, first, lambda pending: output_aware.failed_folds(loaded, pending, first, data))
     assert runs == [["ctx_merge_out"]] and res["into_producer"] == ["ctx_merge_out"]
+
+
+def _real(name: str):
+    import os
+    from pathlib import Path
+    from test_models import missing
+    zoo = Path(os.environ.get("QDQGRAPH_ZOO", "/tmp/qdqgraph-zoo"))
+    tfm = Path(os.environ.get("QDQGRAPH_TRANSFORMERS", "/tmp/qdqgraph-tfm"))
+    for root in (zoo, tfm):
+        model, calib = root / "models" / f"{name}.onnx", root / "calib" / f"{name}.npz"
+        if model.exists() and calib.exists():
+            return model, calib
+    missing(f"{name} and its calibration data")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,folds", [("minilm_l6_v2", 6), ("whisper_tiny_en_encoder", 4)])
+def test_on_real_exports_every_fold_is_proved_and_the_run_agrees(name, folds, monkeypatch):
+    """MiniLM (its batch and head count left symbolic by inference) and Whisper tiny.en's encoder:
+    the insert's pending folds are all proved, and the run check, made on all of them anyway, fails
+    none of them. About 20 s."""
+    import qdqgraph
+    model, calib = _real(name)
+    seen = []
+    real = output_aware.failed_folds
+
+    def both(loaded, pending, first, data):
+        proofs = output_aware._proved(loaded, pending, first, data)
+        prove = output_aware._proved
+        output_aware._proved = lambda *a: set()          # the run, on every fold
+        try:
+            failed = real(loaded, pending, first, data)
+        finally:
+            output_aware._proved = prove
+        seen.append((set(pending), proofs, set(failed)))
+        return failed
+    monkeypatch.setattr(output_aware, "failed_folds", both)
+    qdqgraph.quantize(str(model), str(calib))
+    assert len(seen) == 1
+    pending, proofs, failed = seen[0]
+    assert len(pending) == folds and proofs == pending and not failed
