@@ -31,8 +31,7 @@ def test_one_thread_sets_the_count_inside_and_restores_it_after():
 
 
 def test_one_thread_without_a_reachable_blas_changes_nothing(monkeypatch):
-    monkeypatch.setattr(blas, "_found", None)
-    monkeypatch.setattr(blas, "_looked", True)
+    monkeypatch.setattr(blas, "_controls", lambda: None)
     with blas.one_thread() as single:
         assert single is False
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 from typing import Callable, Generator, Iterator, Sequence, TypeVar
@@ -35,8 +36,6 @@ _SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_thread
             ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
             ("openblas_get_num_threads", "openblas_set_num_threads"))
 _LOCK = threading.RLock()
-_found: tuple | None = None
-_looked = False
 
 
 def _libraries() -> list[str]:
@@ -49,11 +48,9 @@ def _libraries() -> list[str]:
     return sorted(p for p in paths if os.path.isabs(p))
 
 
+@functools.cache
 def _controls() -> tuple | None:
-    """(get, set) of the loaded OpenBLAS's thread count, or None."""
-    global _found, _looked
-    if _looked:
-        return _found
+    """(get, set) of the loaded OpenBLAS's thread count, or None (looked for once)."""
     import numpy  # noqa: F401 - its BLAS is the one loaded
     for path in _libraries():
         try:
@@ -65,12 +62,8 @@ def _controls() -> tuple | None:
             if get is not None and put is not None:
                 get.restype, get.argtypes = ctypes.c_int, []
                 put.restype, put.argtypes = None, [ctypes.c_int]
-                _found = (get, put)
-                break
-        if _found is not None:
-            break
-    _looked = True
-    return _found
+                return get, put
+    return None
 
 
 @contextlib.contextmanager

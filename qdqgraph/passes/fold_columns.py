@@ -60,7 +60,7 @@ def proved(view: GraphView, t: gs.Tensor, shapes: dict[str, tuple], seen: tuple[
             return False
         if view.vocab.is_(node, "add") and not _whole_last(axes, start[-1]):
             return False                    # its bias is divided in t's column order: it must be this one
-        axes = _step(view, node, before, axes, [env.get(d, d) if isinstance(d, str) else d for d in out], shapes, env)
+        axes = _step(view, node, before, axes, _known(out, env), shapes, env)
     if axes is None:
         return False
     axes = _resolved(axes, env)
@@ -84,6 +84,16 @@ def _sym(d) -> bool:
     return isinstance(d, str) and bool(d)
 
 
+def _carries(axis: list[Factor]) -> bool:
+    """Does the axis carry a digit of the column index?"""
+    return any(f[0] == "c" for f in axis)
+
+
+def _known(dims, env: dict) -> list:
+    """`dims` with the symbols `env` has solved as their sizes."""
+    return [env.get(d, d) if isinstance(d, str) else d for d in dims]
+
+
 def _size(axis: list[Factor]) -> Dim | None:
     """An axis's size: an int, a symbol (an axis of one symbolic part), or None (unknown)."""
     parts = [f[-1] for f in axis if f[-1] != 1]
@@ -98,12 +108,11 @@ def _fits(axes: list, shape, env: dict) -> bool:
     """Do the factors agree with the shape inference gives the tensor (symbols solved so far)?"""
     if shape is None or len(shape) != len(axes):
         return False
-    for axis, d in zip(axes, shape):
-        d = env.get(d, d) if isinstance(d, str) else d
+    for axis, d in zip(axes, _known(shape, env)):
         size = _size(axis)
         if _dim(d) and _dim(size) and d != size:
             return False
-        if any(f[0] == "c" for f in axis) and not _dim(size):
+        if _carries(axis) and not _dim(size):
             return False
     return True
 
@@ -141,18 +150,15 @@ def _settled(axes: list, out: list, env: dict) -> list | None:
 
 
 def _broadcast(axes: list, out: list, env: dict) -> list | None:
-    """An elementwise op with a constant (the bias): the output's axes, aligned from the right; an
-    axis the columns run over keeps its size."""
-    if len(out) < len(axes):
-        return None
+    """An elementwise op with a constant (the bias): the output's axes (`_aligned`)."""
+    return _settled(_aligned(axes, out), out, env) if len(out) >= len(axes) else None
+
+
+def _aligned(axes: list, out: list) -> list:
+    """The axes of a broadcast to the sizes `out` (at least as many), aligned from the right: an axis
+    the columns run over keeps its factors (and so its size); every other is a plain axis of out's."""
     lead = [[("x", d)] for d in out[:len(out) - len(axes)]]
-    kept = []
-    for axis, d in zip(axes, out[len(out) - len(axes):]):
-        if any(f[0] == "c" for f in axis):
-            kept.append(axis)
-        else:
-            kept.append([("x", d)])
-    return _settled(lead + kept, out, env)
+    return lead + [axis if _carries(axis) else [("x", d)] for axis, d in zip(axes, out[len(out) - len(axes):])]
 
 
 def _recut(axes: list, out: list, env: dict) -> list | None:
@@ -162,9 +168,8 @@ def _recut(axes: list, out: list, env: dict) -> list | None:
     output axis of the same symbol, in its place."""
     seq = [f for a in axes for f in a if f[-1] != 1]
     _solve_one(seq, out, env)
-    out = [env.get(d, d) if isinstance(d, str) else d for d in out]
-    seq = [("x", env.get(f[1], f[1])) if f[0] == "x" and isinstance(f[1], str) else f for f in seq]
-    seq = [f for f in seq if f[-1] != 1]
+    out = _known(out, env)
+    seq = _resolved([seq], env)[0]
     result: list[list[Factor]] = []
     for d in out:
         if _sym(d):
@@ -237,19 +242,14 @@ def _matmul(node: gs.Node, before: str, axes: list, out: list, shapes: dict, env
     if len(node.inputs) != 2 or node.inputs[1].name != before or len(axes) < 2 or len(out) < 2:
         return None
     a = shapes.get(node.inputs[0].name)
-    if a is None or len(a) < 2 or any(f[0] == "c" for f in axes[-2]):
+    if a is None or len(a) < 2 or _carries(axes[-2]) or len(out) < len(axes):
         return None
-    if len(out) - 2 < len(axes) - 2:
-        return None
-    batch = [[("x", d)] for d in out[:len(out) - len(axes)]]
-    for axis, d in zip(axes[:-2], out[len(out) - len(axes):-2]):
-        batch.append(axis if any(f[0] == "c" for f in axis) else [("x", d)])
-    return _settled(batch + [[("x", out[-2])], axes[-1]], out, env)
+    return _settled(_aligned(axes[:-2], out[:-2]) + [[("x", out[-2])], axes[-1]], out, env)
 
 
 def _whole_last(axes: list, columns: int) -> bool:
     """Does the last axis carry the column index whole and in order, and no other axis any of it?"""
-    if any(f[0] == "c" for axis in axes[:-1] for f in axis):
+    if any(_carries(axis) for axis in axes[:-1]):
         return False
     last = [f for f in axes[-1] if f[-1] != 1]
     if not last or any(f[0] != "c" for f in last):
