@@ -12,8 +12,9 @@ The conversion, per simulated layer:
 - flops: the simulator's own count for the layer (convolutions and GEMMs, qdqgraph/trtsim/flops.py);
 - precision: the first input's; float ports are taken as `float_precision` (FP16 by default, what
   TensorRT runs float layers in when FP16 is enabled, as in NVIDIA's --best oracles);
-- kinds: convolution and gemm layers are placed on the math roof, every other layer (reformat,
-  pooling, elementwise, shuffle, ...) on the bandwidth roof; each layer is one kernel.
+- kinds: convolution, gemm and matmul layers (a MatMul's GEMM, weighted or batched) are placed on
+  the math roof, every other layer (reformat, pooling, elementwise, shuffle, ...) on the bandwidth
+  roof; each layer is one kernel.
 Layout reformats that TensorRT adds between formats are not predicted by the simulator and so are
 not counted.
 """
@@ -25,7 +26,7 @@ from .estimate import Constants, Estimate, LayerEstimate, LayerWork, fitted, gpu
 from .report import Layer, SimReport
 
 _SIZE = {"int8": 1, "fp8": 1, "int4": 0.5, "fp16": 2, "bf16": 2, "fp32": 4}
-_MATH_KINDS = {"convolution": "conv", "gemm": "gemm"}
+_MATH_KINDS = {"convolution": "conv", "gemm": "gemm", "matmul": "gemm"}
 
 
 def _elements(shape) -> int:
