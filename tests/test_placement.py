@@ -334,3 +334,59 @@ def test_p14_reasons_give_the_share_at_the_calibration_shapes_where_it_differs(t
     more = region_nodes(regions, plan, rule, sel, "INT8", at_data=lambda names: 0.0271)
     assert all("counted at the declared shapes, symbolic dimensions as 1 (2.71% at the calibration data's shapes)"
                in why for _, _, why in more)
+
+
+@pytest.mark.parametrize("name", ["small_head", "attention_block", "residual_add", "conv_bn_relu", "se_block"])
+@pytest.mark.parametrize("fmt_name", ["int8", "fp8"])
+def test_p14_predicts_from_the_weights_types_and_shapes_as_from_their_values(name, fmt_name):
+    """P14's prediction adds each quantized weight as zeros of its type and shape in no memory
+    (planned_insertions' shapes_only: quantizing a 4.8 GB encoder's weights to predict its plan took
+    most of P14's 25 s): the prediction is the one from the real insertion, and nothing else of the
+    insertions differs, in INT8 and in FP8."""
+    from qdqgraph.passes.insert import insert_qdq, planned_insertions
+    from qdqgraph.precisions.formats import FP8, INT8
+    from qdqgraph.recipes.small_regions import predict
+    loaded, plan = qdqgraph.prepare.prepare(motifs.ALL[name]())
+    fmt = FP8 if fmt_name == "fp8" else INT8
+    ones = {rep: 1.0 for rep in plan.groups()}
+    full = planned_insertions(loaded.graph, plan, ones, fmt=fmt)
+    light = planned_insertions(loaded.graph, plan, ones, fmt=fmt, shapes_only=True)
+    weights = [(a, b) for a, b in zip(full, light) if a.stored is not None]
+    assert weights, name
+    for a, b in zip(full, light):
+        assert (a.source, a.scale_name, a.dq, a.q, a.axis) == (b.source, b.scale_name, b.dq, b.q, b.axis)
+        assert np.array_equal(a.scale, b.scale) and a.scale.dtype == b.scale.dtype
+    for a, b in weights:
+        assert b.stored.dtype == a.stored.dtype and b.stored.shape == a.stored.shape
+        assert b.stored.strides == (0,) * b.stored.ndim and not b.stored.flags.writeable
+    if fmt is INT8:                               # what P14 predicts with
+        copy = loaded.graph.copy()
+        insert_qdq(copy, plan, ones, fmt=fmt)
+        assert predict(loaded.graph, plan).to_dict() == trtsim.simulate(copy).to_dict()
+
+
+def test_weight_scales_take_max_abs_without_a_copy():
+    """weight_scales reads max |w| as max(max w, -min w): the same scales as from |w| itself, per
+    tensor and per channel on every axis, for float32 and float16 weights."""
+    from hypothesis import given, settings, strategies as st
+    from hypothesis.extra.numpy import arrays
+    from qdqgraph.passes.insert import weight_scales
+    from qdqgraph.precisions.formats import FP8, INT8
+
+    def reference(w, axis, fmt):
+        a = np.abs(w.astype(np.float32))
+        if axis is None:
+            return np.asarray(fmt.scale_of(float(a.max()) if a.size else 0.0), dtype=np.float32)
+        return fmt.scale_of(a.max(axis=tuple(d for d in range(w.ndim) if d != axis)) if w.ndim > 1 else a)
+
+    floats = st.floats(-1e4, 1e4, allow_nan=False, width=16)
+
+    @settings(max_examples=200, deadline=None)
+    @given(arrays(st.sampled_from([np.float32, np.float16]), st.tuples(*[st.integers(1, 4)] * 3), elements=floats),
+           st.sampled_from([None, 0, 1, 2]), st.sampled_from([INT8, FP8]))
+    def check(w, axis, fmt):
+        got, want = weight_scales(w, axis, fmt), reference(w, axis, fmt)
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    check()
+    one = np.array([-3.0, 0.5, 2.0], np.float32)            # a 1-D weight with an axis: one scale each
+    assert np.array_equal(weight_scales(one, 0), reference(one, 0, INT8))

@@ -39,12 +39,16 @@ class _Names:
 
 
 def weight_scales(w: np.ndarray, axis: int | None, fmt: Format = INT8) -> np.ndarray:
-    """float32 scale(s) for a weight: per channel along `axis`, or one per tensor."""
-    a = np.abs(w.astype(np.float32))
+    """float32 scale(s) for a weight: per channel along `axis`, or one per tensor. max |w| is taken
+    as the larger of max(w) and -min(w), the same number without a copy of the weight (a float32
+    copy and its absolute value were two passes and two temporaries the size of each weight)."""
+    a = np.asarray(w, dtype=np.float32)
     if axis is None:
-        return np.asarray(fmt.scale_of(float(a.max()) if a.size else 0.0), dtype=np.float32)
-    amax = a.max(axis=tuple(d for d in range(w.ndim) if d != axis)) if w.ndim > 1 else a
-    return fmt.scale_of(amax)
+        return np.asarray(fmt.scale_of(float(max(a.max(), -a.min())) if a.size else 0.0), dtype=np.float32)
+    if w.ndim <= 1:
+        return fmt.scale_of(np.abs(a))
+    others = tuple(d for d in range(w.ndim) if d != axis)
+    return fmt.scale_of(np.maximum(a.max(axis=others), -a.min(axis=others)))
 
 
 def quantize_weight(w: np.ndarray, scale: np.ndarray, axis: int | None, fmt: Format = INT8) -> np.ndarray:
@@ -85,9 +89,12 @@ class Insertion:
 
 def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weights: str = "int8",
                        view: GraphView | None = None, fmt: Format = INT8,
-                       known: dict[str, Known] | None = None) -> list[Insertion]:
+                       known: dict[str, Known] | None = None, shapes_only: bool = False) -> list[Insertion]:
     """What `insert_qdq` will add for `plan` (pure: the graph is read, not changed); a site in
-    `known` (by tensor) gets the scale (axis, quantized weight) given there."""
+    `known` (by tensor) gets the scale (axis, quantized weight) given there. `shapes_only`: a
+    weight stored quantized is a read-only array of zeros of its type and shape that takes no
+    memory, not its quantized values (for the simulator, which reads a weight's type and shape:
+    quantizing a 4.8 GB encoder's weights to predict its plan took most of P14's 25 s)."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {WEIGHT_FORMATS}")
     view = view or GraphView(graph)
@@ -121,7 +128,7 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
             source = site.tensor
             if weights == "int8":
                 stored = given.stored if given is not None and given.stored is not None else \
-                    quantize_weight(view.constant(t), scale, axis, fmt)
+                    _shaped(view.constant(t), fmt) if shapes_only else quantize_weight(view.constant(t), scale, axis, fmt)
                 source = names(f"{base}_{fmt.name}")
         scale_name, zp_name = names(f"{base}_scale"), names(f"{base}_zero_point")
         q = None
@@ -134,6 +141,12 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
         dq = (names(f"{base}_dq"), dq_out)
         out.append(Insertion(site, source, stored, scale_name, scale, zp_name, zp, axis, q, dq, dtype, shape, zero_range))
     return out
+
+
+def _shaped(w: np.ndarray, fmt: Format) -> np.ndarray:
+    """Zeros of the quantized type in the shape of `w`, in no memory (`planned_insertions`'s
+    shapes_only)."""
+    return np.broadcast_to(np.zeros((), fmt.zero_point), np.shape(w))
 
 
 @declare("insert_qdq", requires=(OPSET_13,), ensures=(QDQ_SOUND,))

@@ -31,9 +31,10 @@ from ..placement.ruleset import RegionRule, RuleSet
 def predict(graph: gs.Graph, plan: Plan, target: str = "tensorrt") -> SimReport:
     """The simulator's prediction for `plan` on `graph` (which is not changed), every activation
     at amax 1. The Q/DQ that insertion would write are added to the simulator's own copy of the
-    graph, with the same names and parameters, instead of to a copy of `graph`."""
+    graph, with the same names and parameters, instead of to a copy of `graph`; its quantized
+    weights have their type and shape, not their values (planned_insertions' shapes_only)."""
     view = GraphView(graph)
-    insertions = planned_insertions(graph, plan, {rep: 1.0 for rep in plan.groups()}, view=view)
+    insertions = planned_insertions(graph, plan, {rep: 1.0 for rep in plan.groups()}, view=view, shapes_only=True)
     g = SimGraph.from_gs(graph)
     if any(name not in g.nodes for ins in insertions for name, _ in ins.site.edges):
         copy = graph.copy()               # nodes without unique names: insert for real, then read
