@@ -238,20 +238,21 @@ def test_22_fix_reads_a_qdq_chain_as_its_last_pair(tmp_path, capsys):
 # to wait, so that SIGTERM lands while the temporary file exists (or after the model is written).
 _SLOW = r"""
 import sys, time
-import onnx
 import qdqgraph.execution.evaluate
+import qdqgraph.graph.wire
 from qdqgraph.cli import main
 stage = sys.argv[1]
-real_save = onnx.save
-def slow_save(model, path, *a, **k):
-    real_save(model, path, *a, **k)
-    if stage == "writing" and str(path).endswith(".tmp"):
+real_write = qdqgraph.graph.wire.write_model
+def slow_write(model, f):
+    real_write(model, f)
+    if stage == "writing" and str(f.name).endswith(".tmp"):
+        f.flush()
         print("READY", file=sys.stderr, flush=True)
         time.sleep(60)
 def slow_compare(*a, **k):
     print("READY", file=sys.stderr, flush=True)
     time.sleep(60)
-onnx.save = slow_save
+qdqgraph.graph.wire.write_model = slow_write
 qdqgraph.execution.evaluate.compare = slow_compare
 sys.exit(main(sys.argv[2:]))
 """

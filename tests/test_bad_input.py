@@ -489,13 +489,14 @@ def test_13_outputs_get_the_umask_mode(model_and_data, capsys):
 def test_14_output_that_appears_while_writing_is_not_overwritten(model_and_data, capsys, monkeypatch):
     mp, dp = model_and_data
     out = mp.parent / "q.onnx"
-    real_save = onnx.save
+    from qdqgraph.graph import wire
+    real_write = wire.write_model
 
-    def other_run_wins(model, path, *a, **k):     # the other run's file lands between check and write
-        real_save(model, path, *a, **k)
-        if Path(path).name.startswith(".q.onnx."):
+    def other_run_wins(model, f):                 # the other run's file lands between check and write
+        real_write(model, f)
+        if Path(f.name).name.startswith(".q.onnx."):
             out.write_bytes(b"the other run's model")
-    monkeypatch.setattr(onnx, "save", other_run_wins)
+    monkeypatch.setattr(wire, "write_model", other_run_wins)
     line = refused(capsys, ["insert", mp, "--calib", dp, "-o", out], "appeared while", "q.onnx")
     assert out.read_bytes() == b"the other run's model"
     assert files(mp.parent) == {"m.onnx", "calib.npz", "q.onnx"}            # no temporary file left

@@ -8,6 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import motifs
 from qdqgraph.errors import QdqError
 from qdqgraph.graph import io, wire
 
@@ -167,3 +168,40 @@ def test_repeated_raw_data_last_wins(tmp_path):
     p.write_bytes(data)
     _, arrays = io.read_weights_apart(p)
     np.testing.assert_array_equal(arrays["w"], numpy_helper.to_array(t))
+
+
+def _every_kind_of_field() -> onnx.ModelProto:
+    """A model with fields on both sides of ModelProto.graph (7) and GraphProto.initializer (5):
+    producer name and IR version before, opsets, metadata and functions after; node and name before,
+    doc string, value_info and metadata after; large and small initializers, an external one."""
+    m = motifs.attention_block()
+    m.producer_name, m.doc_string = "test", "a doc string"
+    m.metadata_props.add(key="k", value="v")
+    m.graph.doc_string = "graph doc"
+    m.graph.value_info.add().name = "a_value"
+    m.graph.metadata_props.add(key="gk", value="gv")
+    m.functions.add(name="f", domain="local")
+    big = onnx.numpy_helper.from_array(np.arange(50_000, dtype=np.float32), "big_unused")
+    m.graph.initializer.append(big)
+    far = onnx.numpy_helper.from_array(np.zeros(3, np.float32), "far")
+    far.ClearField("raw_data")
+    far.data_location = onnx.TensorProto.EXTERNAL
+    far.external_data.add(key="location", value="elsewhere.bin")
+    m.graph.initializer.append(far)
+    return m
+
+
+@pytest.mark.parametrize("make", [_every_kind_of_field, motifs.residual_add, motifs.se_block, onnx.ModelProto,
+                                  lambda: onnx.helper.make_model(onnx.helper.make_graph([], "empty", [], []))])
+def test_a_model_is_written_an_initializer_at_a_time_as_protobuf_serializes_it(make, tmp_path):
+    """wire.write_model writes the bytes SerializeToString makes (protobuf serialized a 1.6 GB model
+    in one piece at 0.12 GB/s), and io.save writes a model so."""
+    import io as bytes_io
+    m = make()
+    out = bytes_io.BytesIO()
+    wire.write_model(m, out)
+    assert out.getvalue() == m.SerializeToString()
+    if m.HasField("graph") and m.graph.node:
+        path = tmp_path / "m.onnx"
+        io.save(m, path)
+        assert path.read_bytes() == m.SerializeToString()

@@ -99,6 +99,13 @@ def tensor_bytes(model: onnx.ModelProto) -> int:
     return int(total)
 
 
+def _write(model: onnx.ModelProto, path: Path) -> None:
+    """`model` to `path`, the bytes onnx.save writes, an initializer at a time (wire.write_model:
+    a 1.6 GB model 18.4 -> 5.8 s)."""
+    with open(path, "wb") as f:
+        wire.write_model(model, f)
+
+
 def _write_external(model: onnx.ModelProto, path: Path, location: str) -> None:
     """Save with tensors in `location` beside `path`, and leave `model` as it was (onnx moves the
     tensors out of the in-memory model when it saves them externally; they are read back)."""
@@ -897,8 +904,7 @@ def save(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple = ()
                                f"{target}", "choose another output with -o")
     outputs.check_output(final, "output", force)
     if not external:
-        return outputs._as_qdq_error(final, lambda: outputs.write_atomic(final, lambda tmp: onnx.save(model, str(tmp)),
-                                                                         force))
+        return outputs._as_qdq_error(final, lambda: outputs.write_atomic(final, lambda tmp: _write(model, tmp), force))
     relocated: dict = {}
 
     def write_data(tmp_data: Path) -> None:

@@ -10,11 +10,17 @@ Only protobuf's wire format is read here, down one path: ModelProto.graph (field
 GraphProto.initializer (field 5) -> TensorProto.raw_data (field 9); every other field is copied as
 it is, so onnx parses the result as it would the file (a field repeated in the file merges as
 protobuf merges: initializers of two graph fields follow each other, the last raw_data wins).
+
+`write_model` writes a ModelProto down the same path the other way: the model's and the graph's
+other fields serialized by protobuf, each initializer serialized on its own as it is written, in
+field-number order, so the file holds the bytes `SerializeToString` makes. protobuf serialized a
+1.6 GB model in one piece at about 0.12 GB/s (13.6 s), its initializers alone at about 0.8 GB/s.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import numpy as np
 
@@ -187,3 +193,41 @@ def _tensor(r: _Reader, end: int, raw: dict, index: int, min_bytes: int) -> byte
     if r.pos != end:
         raise WireError(f"a tensor's last field runs past its end (byte {r.pos}, end {end})")
     return bytes(out)
+
+
+def write_model(model, f: BinaryIO) -> None:
+    """Write the onnx ModelProto `model` to the binary file `f` as `model.SerializeToString()` would
+    (see the module doc), holding one initializer's bytes at a time beside the model."""
+    graph = model.graph
+    low_model, high_model = _parted(model, _GRAPH, "graph")
+    low_graph, high_graph = _parted(graph, _INITIALIZER, "initializer")
+    head = encode_varint(_INITIALIZER << 3 | _BYTES)
+    sizes = [t.ByteSize() for t in graph.initializer]
+    graph_size = len(low_graph) + len(high_graph) + sum(len(head) + len(encode_varint(n)) + n for n in sizes)
+    f.write(low_model)
+    if model.HasField("graph"):
+        f.write(encode_varint(_GRAPH << 3 | _BYTES) + encode_varint(graph_size))
+        f.write(low_graph)
+        for t, n in zip(graph.initializer, sizes):
+            f.write(head + encode_varint(n))
+            f.write(t.SerializeToString())
+        f.write(high_graph)
+    f.write(high_model)
+
+
+def _parted(message, number: int, name: str) -> tuple[bytes, bytes]:
+    """The serialized fields of `message` numbered below `number` and above it (the field `name`,
+    numbered `number`, left out): copies of the message with the other fields cleared."""
+    low, high = type(message)(), type(message)()
+    for fd, value in message.ListFields():
+        if fd.name == name:
+            continue
+        target = low if fd.number < number else high
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        if repeated:
+            getattr(target, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(target, fd.name).CopyFrom(value)
+        else:
+            setattr(target, fd.name, value)
+    return low.SerializeToString(), high.SerializeToString()
