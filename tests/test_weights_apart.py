@@ -205,3 +205,20 @@ def test_a_model_is_written_an_initializer_at_a_time_as_protobuf_serializes_it(m
         path = tmp_path / "m.onnx"
         io.save(m, path)
         assert path.read_bytes() == m.SerializeToString()
+
+
+def test_a_field_this_protobuf_does_not_know_is_written_too():
+    """A field unknown to the installed onnx (a newer schema's) in the model or in its graph would not
+    be among the parts write_model serializes: such a model is written whole, the field with it."""
+    import io as bytes_io
+    base = motifs.residual_add().SerializeToString()
+    unknown = wire.encode_varint(1000 << 3) + wire.encode_varint(5)       # field 1000, a varint
+    in_model = onnx.ModelProto.FromString(base + unknown)
+    graph = onnx.ModelProto.FromString(base)
+    in_graph = onnx.ModelProto()
+    in_graph.CopyFrom(graph)
+    in_graph.graph.ParseFromString(graph.graph.SerializeToString() + unknown)
+    for m in (in_model, in_graph):
+        out = bytes_io.BytesIO()
+        wire.write_model(m, out)
+        assert out.getvalue() == m.SerializeToString() and unknown in out.getvalue()

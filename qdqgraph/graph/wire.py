@@ -199,6 +199,9 @@ def write_model(model, f: BinaryIO) -> None:
     """Write the onnx ModelProto `model` to the binary file `f` as `model.SerializeToString()` would
     (see the module doc), holding one initializer's bytes at a time beside the model."""
     graph = model.graph
+    if _unknown(model) or _unknown(graph):      # fields the parts would not carry: protobuf writes it whole
+        f.write(model.SerializeToString())
+        return
     low_model, high_model = _parted(model, _GRAPH, "graph")
     low_graph, high_graph = _parted(graph, _INITIALIZER, "initializer")
     head = encode_varint(_INITIALIZER << 3 | _BYTES)
@@ -213,6 +216,16 @@ def write_model(model, f: BinaryIO) -> None:
             f.write(t.SerializeToString())
         f.write(high_graph)
     f.write(high_model)
+
+
+def _unknown(message) -> bool:
+    """Whether `message` holds fields the installed onnx schema does not know (a newer one's), which
+    `_parted` would leave out; True where protobuf cannot say."""
+    try:
+        from google.protobuf.unknown_fields import UnknownFieldSet  # type: ignore[import-untyped]
+    except ImportError:
+        return True
+    return len(UnknownFieldSet(message)) > 0
 
 
 def _parted(message, number: int, name: str) -> tuple[bytes, bytes]:
