@@ -127,8 +127,12 @@ def planned_insertions(graph: gs.Graph, plan: Plan, amax: dict[str, float], weig
             zp = np.zeros(scale.shape, dtype=fmt.zero_point)
             source = site.tensor
             if weights == "int8":
-                stored = given.stored if given is not None and given.stored is not None else \
-                    _shaped(view.constant(t), fmt) if shapes_only else quantize_weight(view.constant(t), scale, axis, fmt)
+                if given is not None and given.stored is not None:
+                    stored = given.stored
+                elif shapes_only:
+                    stored = _shaped(view.constant(t), fmt)
+                else:
+                    stored = quantize_weight(view.constant(t), scale, axis, fmt)
                 source = names(f"{base}_{fmt.name}")
         scale_name, zp_name = names(f"{base}_scale"), names(f"{base}_zero_point")
         q = None

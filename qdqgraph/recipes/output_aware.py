@@ -21,8 +21,8 @@ attention's context is its value projection's columns, mixed over tokens). A fol
 keeps the column order where the path's shapes prove it (passes/fold_columns); any other is
 checked on one calibration sample (the tensor must come out divided by s) and undone, for a Mul,
 where it is not. Elsewhere the smoothing is a Mul in front of the readers, taken only when it cuts
-the error by MUL_GAIN or more, since TensorRT runs the Q after that Mul as a standalone reformat. The chosen range of each
-tensor is returned, to replace the calibrated one (`ranges`).
+the error by MUL_GAIN or more, since TensorRT runs the Q after that Mul as a standalone reformat.
+The chosen range of each tensor is returned, to replace the calibrated one (`ranges`).
 
 A convolution whose output a global max pool reads is searched the same way, its input read as
 receptive-field patches and one smoothing factor per input channel, but measured where the pool
